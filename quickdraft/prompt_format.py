@@ -1,0 +1,88 @@
+"""The prompt formats quickdraft renders: Qwen-Coder style fill-in-the-middle
+and repository-level prompts.
+
+One module for the server (which renders requests) and for training (which
+renders the embedded model's training samples), so the embedded model is
+trained on exactly what the server sends. The token strings are Qwen3-Coder's,
+so a prompt rendered here works unchanged on Qwen3-Coder-30B.
+
+    <|repo_name|>{repo}\\n
+    <|file_sep|>{path}\\n{content}\\n        (one per context file)
+    <|file_sep|>{path}\\n                     (the current file)
+    <|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>
+
+Without a suffix the current file's prefix is sent as plain text after its
+header (or alone, when there is no repository context): the model continues it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+ENDOFTEXT = "<|endoftext|>"
+FIM_PREFIX = "<|fim_prefix|>"
+FIM_MIDDLE = "<|fim_middle|>"
+FIM_SUFFIX = "<|fim_suffix|>"
+FIM_PAD = "<|fim_pad|>"
+REPO_NAME = "<|repo_name|>"
+FILE_SEP = "<|file_sep|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+# The drafter's parallel-drafting slot token (P-EAGLE): fed at the positions
+# whose tokens are drafted in the same pass.
+DRAFT_SLOT = "<|draft_slot|>"
+
+SPECIAL_TOKENS: tuple[str, ...] = (
+    ENDOFTEXT,
+    FIM_PREFIX,
+    FIM_MIDDLE,
+    FIM_SUFFIX,
+    FIM_PAD,
+    REPO_NAME,
+    FILE_SEP,
+    IM_START,
+    IM_END,
+    DRAFT_SLOT,
+)
+
+# Tokens after which a completion is over, on top of the tokenizer's EOS: the
+# model moving on to another file or another FIM segment.
+STOP_TOKENS: tuple[str, ...] = (ENDOFTEXT, FIM_PAD, FILE_SEP, REPO_NAME, IM_END, FIM_PREFIX, FIM_SUFFIX)
+
+FORMAT_NAME = "qwen-fim"
+
+
+@dataclass(frozen=True)
+class CodeContext:
+    """What a completion prompt is made of. Paths are repository-relative."""
+
+    prefix: str
+    suffix: str | None = None
+    file_path: str = ""
+    repo_name: str = ""
+    context_files: Sequence[tuple[str, str]] = ()
+
+
+def render(ctx: CodeContext) -> str:
+    """The prompt text (special tokens as their strings) for a completion request."""
+    repo = bool(ctx.context_files or ctx.repo_name)
+    parts: list[str] = []
+    if repo:
+        parts.append(f"{REPO_NAME}{ctx.repo_name}\n")
+        for path, content in ctx.context_files:
+            parts.append(f"{FILE_SEP}{path}\n{content}")
+            if not content.endswith("\n"):
+                parts.append("\n")
+        parts.append(f"{FILE_SEP}{ctx.file_path}\n")
+    if ctx.suffix is None:
+        parts.append(ctx.prefix)
+    else:
+        parts.append(f"{FIM_PREFIX}{ctx.prefix}{FIM_SUFFIX}{ctx.suffix}{FIM_MIDDLE}")
+    return "".join(parts)
+
+
+def render_chat(messages: Sequence[tuple[str, str]]) -> str:
+    """ChatML prompt (Qwen's chat format) ending with an open assistant turn."""
+    body = "".join(f"{IM_START}{role}\n{content}{IM_END}\n" for role, content in messages)
+    return f"{body}{IM_START}assistant\n"
