@@ -1,0 +1,160 @@
+"""The gRPC side: one channel to the quickdraft server, its limits, its health.
+
+While the server is unreachable, completions are answered at once with
+nothing (no RPC is attempted) and a background task probes it with
+exponential backoff; the first successful probe marks it up again and
+refreshes the prompt budget from ``GetServerInfo``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+
+from quickdraft.client import AsyncCompletionClient, RetryPolicy
+from quickdraft.client.request import make_credentials
+from quickdraft.lsp_bridge.context import Budget
+from quickdraft.v1 import completion_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+UP = "up"
+DOWN = "down"
+UNKNOWN = "unknown"
+
+# Codes that mean "the server is not there (right now)", as opposed to a bad request.
+_UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    address: str = "127.0.0.1:50051"
+    token: str | None = None
+    tls: bool = False
+    tls_root_cert: bytes | None = None
+    request_timeout_s: float = 10.0
+    initial_backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+
+
+class Backend:
+    def __init__(self, config: BackendConfig, on_state: Callable[[str, pb.ServerInfo | None], None] | None = None):
+        self.config = config
+        self.state = UNKNOWN
+        self.info: pb.ServerInfo | None = None
+        self.budget = Budget()
+        self._on_state = on_state
+        self._reconnect_task: asyncio.Task | None = None
+        self._client = self._make_client(config)
+
+    @staticmethod
+    def _make_client(config: BackendConfig) -> AsyncCompletionClient:
+        credentials = make_credentials(config.tls_root_cert) if config.tls else None
+        # No retries inside the client: a stale inline completion is worthless,
+        # and reconnecting is this class's job.
+        return AsyncCompletionClient(
+            config.address, credentials=credentials, token=config.token, retry=RetryPolicy(max_attempts=1)
+        )
+
+    async def reconfigure(self, config: BackendConfig) -> None:
+        if config == self.config:
+            return
+        old = self._client
+        self.config = config
+        self._client = self._make_client(config)
+        self._stop_reconnect()
+        self.state = UNKNOWN
+        await old.close()
+        self.start()
+
+    def start(self) -> None:
+        """Fetch the server's limits in the background (and keep trying while it is down)."""
+        if self._reconnect_task is None or self._reconnect_task.done():
+            self._reconnect_task = asyncio.ensure_future(self._reconnect())
+
+    async def close(self) -> None:
+        self._stop_reconnect()
+        await self._client.close()
+
+    def _stop_reconnect(self) -> None:
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+            self._reconnect_task = None
+
+    def _set_state(self, state: str) -> None:
+        if state == self.state:
+            return
+        self.state = state
+        log.info("quickdraft server %s is %s", self.config.address, state)
+        if self._on_state is not None:
+            self._on_state(state, self.info)
+
+    def _mark_down(self, err: grpc.aio.AioRpcError) -> None:
+        log.warning("quickdraft server %s unreachable: %s", self.config.address, err.code().name)
+        self._set_state(DOWN)
+        self.start()
+
+    async def _reconnect(self) -> None:
+        delay = self.config.initial_backoff_s
+        while True:
+            try:
+                info = await self._client.server_info(timeout=max(1.0, delay))
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in _UNREACHABLE:
+                    # Reachable but refusing (auth, unimplemented): complete anyway with defaults.
+                    log.warning("GetServerInfo failed: %s %s", err.code().name, err.details())
+                    self._set_state(UP)
+                    return
+                self._set_state(DOWN)
+                await asyncio.sleep(random.uniform(delay / 2, delay))
+                delay = min(delay * 2, self.config.max_backoff_s)
+                continue
+            self._apply_info(info)
+            self._set_state(UP)
+            return
+
+    def _apply_info(self, info: pb.ServerInfo) -> None:
+        self.info = info
+        limits = info.limits
+        self.budget = Budget(
+            tokens=limits.prompt_budget_tokens or Budget().tokens,
+            chars_per_token=limits.chars_per_token or Budget().chars_per_token,
+        )
+
+    @property
+    def available(self) -> bool:
+        return self.state != DOWN
+
+    async def complete(self, request: pb.CompleteRequest, on_text: Callable[[str], bool]) -> bool:
+        """Stream one completion into ``on_text``, which returns True to stop early.
+
+        Returns whether the server answered (fully, or until stopped early);
+        False when it is unreachable or failed. Cancelling the calling task
+        cancels the RPC, which aborts the request in the engine.
+        """
+        if not self.available:
+            return False
+        stream = self._client.complete(request, timeout=self.config.request_timeout_s)
+        try:
+            async for text in stream:
+                if on_text(text):
+                    stream.cancel()
+                    break
+        except grpc.aio.AioRpcError as err:
+            if err.code() in _UNREACHABLE:
+                self._mark_down(err)
+            elif err.code() != grpc.StatusCode.CANCELLED:
+                log.warning("Complete failed: %s %s", err.code().name, err.details())
+            return False
+        except asyncio.CancelledError:
+            stream.cancel()
+            raise
+        if self.state != UP:
+            self._set_state(UP)
+        return True

@@ -1,0 +1,127 @@
+"""One inline completion, from an editor position to shaped text.
+
+Order matters for cost: cheap checks (unknown document, bad position, cache)
+first; then the syntax gate; then the debounce, during which a newer request
+for the same document cancels this one; then the prompt and the RPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from quickdraft.client import build_request
+from quickdraft.lsp_bridge.backend import Backend
+from quickdraft.lsp_bridge.cache import CompletionCache
+from quickdraft.lsp_bridge.context import ContextEngine
+from quickdraft.lsp_bridge.postprocess import Completion, Draft, decide_shape, gate
+from quickdraft.lsp_bridge.settings import Settings
+from quickdraft.lsp_bridge.workspace import OpenDocument, Workspace
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Result:
+    opened: OpenDocument
+    offset: int
+    completion: Completion
+
+
+def _outer_cancelled() -> bool:
+    """Whether the task running us was itself cancelled (not just what it awaited)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling and cancelling())
+
+
+class Completer:
+    def __init__(self, workspace: Workspace, context: ContextEngine, backend: Backend, settings: Settings):
+        self.workspace = workspace
+        self.context = context
+        self.backend = backend
+        self.settings = settings
+        self.cache = CompletionCache()
+        self._inflight: dict[str, asyncio.Task] = {}
+
+    async def complete(self, uri: str, line: int, character: int, *, invoked: bool = False) -> Result | None:
+        """The completion at a position, or None. A newer call for the same
+        document cancels this one (which then returns None)."""
+        previous = self._inflight.get(uri)
+        if previous is not None and not previous.done():
+            previous.cancel()
+        task = asyncio.ensure_future(self._complete(uri, line, character, invoked))
+        self._inflight[uri] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if _outer_cancelled():
+                raise  # $/cancelRequest: pygls answers RequestCancelled
+            return None  # superseded by a newer request
+        finally:
+            if self._inflight.get(uri) is task:
+                del self._inflight[uri]
+
+    async def _complete(self, uri: str, line: int, character: int, invoked: bool) -> Result | None:
+        settings = self.settings
+        opened = self.workspace.get(uri)
+        if opened is None:
+            log.debug("completion for a document that is not open: %s", uri)
+            return None
+        if not settings.enabled or opened.skip_reason is not None:
+            return None
+        if opened.doc.language_id in settings.disabled_languages:
+            return None
+        doc = opened.doc
+        if not doc.is_valid_position(line, character):
+            log.debug("completion past the end of %s: %d:%d", uri, line, character)
+            return None
+        offset = doc.offset_at(line, character)
+        version = doc.version
+
+        hit, cached = self.cache.get(uri, version, offset)
+        if hit:
+            return Result(opened, offset, cached) if cached is not None else None
+        typed = self.cache.typed_through(opened, offset)
+        if typed is not None:
+            return Result(opened, offset, typed)
+        if not self.backend.available:
+            return None
+
+        tree = opened.tree
+        reason = gate(opened, tree, offset, in_comments=settings.enable_in_comments, in_strings=settings.enable_in_strings)
+        if reason is not None:
+            log.debug("no completion at %s:%d:%d: %s", uri, line, character, reason)
+            return None
+        if settings.debounce_ms > 0 and not invoked:
+            await asyncio.sleep(settings.debounce_ms / 1000)
+            if doc.version != version:
+                return None
+
+        answered, completion = await self._ask_model(opened, offset)
+        if doc.version != version:
+            return None  # the document moved on while the model was writing
+        if answered:
+            self.cache.put(opened, offset, completion)
+        return Result(opened, offset, completion) if completion is not None else None
+
+    async def _ask_model(self, opened: OpenDocument, offset: int) -> tuple[bool, Completion | None]:
+        settings = self.settings
+        tree = opened.tree
+        shape = decide_shape(opened, tree, offset)
+        prompt = self.context.build(opened, offset, self.backend.budget)
+        request = build_request(
+            prefix=prompt.prefix,
+            suffix=prompt.suffix,
+            context_files=prompt.context_files,
+            language_id=opened.doc.language_id or (opened.spec.name if opened.spec else ""),
+            file_path=self.workspace.relative_path(opened.path),
+            repo_name=self.workspace.repo_name(opened.path),
+            max_tokens=settings.max_tokens if shape.multiline else min(settings.max_tokens, settings.single_line_max_tokens),
+            stop=() if shape.multiline else ("\n",),
+            latency_class="inline",
+        )
+        draft = Draft(shape)
+        answered = await self.backend.complete(request, draft.feed)
+        return answered, draft.result()

@@ -1,0 +1,235 @@
+"""The context engine: what the model sees for one completion.
+
+Prompt = prefix and suffix around the cursor (trimmed at syntactic boundaries)
+plus repository context: definitions of the symbols used near the cursor,
+found in other open documents and in the files this one imports, and the
+neighbourhood of recent edits in other documents. Context files are plain
+source (path + content), most relevant last; the server renders them in the
+model's repository format, the bridge never writes model tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tree_sitter as ts
+
+from quickdraft.lsp_bridge.symbols import Definition, FileSymbols, SymbolIndex, resolve_imports
+from quickdraft.lsp_bridge.syntax import captures, matches
+from quickdraft.lsp_bridge.text import decode, encode
+from quickdraft.lsp_bridge.trimming import prefix_window, suffix_window
+from quickdraft.lsp_bridge.workspace import OpenDocument, Workspace
+
+DEFAULT_BUDGET_TOKENS = 1536
+DEFAULT_CHARS_PER_TOKEN = 3.5
+
+# Repository context gets at most this share of the budget when the file
+# itself does not fit; the suffix gets this share of what the file gets.
+CONTEXT_SHARE = 0.3
+SUFFIX_SHARE = 0.25
+# Identifiers this many bytes around the cursor count as "used near the cursor".
+NEAR_BEFORE = 3000
+NEAR_AFTER = 800
+# Per context file: separator tokens and newlines the server adds around it.
+FILE_OVERHEAD = 16
+RECENT_FILES = 2
+RECENT_EDIT_LINES = 8
+IMPORTED_BONUS = 0.5
+RECENT_SCORE = 0.01
+
+_GROUPS = {"typescript": "js", "typescriptreact": "js", "javascript": "js", "c": "c", "cpp": "c"}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Prompt budget announced by the server (GetServerInfo().limits)."""
+
+    tokens: int = DEFAULT_BUDGET_TOKENS
+    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
+
+    @property
+    def chars(self) -> int:
+        return int(self.tokens * self.chars_per_token)
+
+
+@dataclass
+class Prompt:
+    prefix: str
+    suffix: str
+    # (workspace-relative path, content), most relevant last.
+    context_files: list[tuple[str, str]] = field(default_factory=list)
+    truncated: bool = False
+
+
+@dataclass
+class _Snippet:
+    path: str
+    start_line: int
+    end_line: int  # inclusive
+    text: str
+    score: float
+
+
+def _group(language: str) -> str:
+    return _GROUPS.get(language, language)
+
+
+class ContextEngine:
+    def __init__(self, workspace: Workspace, symbols: SymbolIndex | None = None, *, repository_context: bool = True):
+        self.workspace = workspace
+        self.symbols = symbols or SymbolIndex(workspace.max_file_bytes)
+        self.repository_context = repository_context
+        # uri -> (import specifiers, resolved paths): resolution touches the disk.
+        self._imports: dict[str, tuple[tuple, list[str]]] = {}
+
+    def build(self, opened: OpenDocument, offset: int, budget: Budget) -> Prompt:
+        tree = opened.tree
+        total = budget.chars
+        size = len(opened.doc.data)
+        context_cap = total - size if size <= total * (1 - CONTEXT_SHARE) else int(total * CONTEXT_SHARE)
+        files: list[tuple[str, str]] = []
+        if self.repository_context and context_cap > FILE_OVERHEAD:
+            files = self.repository_files(opened, tree, offset, context_cap)
+        used = sum(len(encode(p)) + len(encode(c)) + FILE_OVERHEAD for p, c in files)
+
+        file_budget = total - used
+        suffix_budget = min(size - offset, max(int(file_budget * SUFFIX_SHARE), file_budget - offset))
+        suffix = suffix_window(opened, tree, offset, suffix_budget)
+        prefix_budget = max(file_budget - len(encode(suffix.text)), file_budget // 2)
+        prefix = prefix_window(opened, tree, offset, prefix_budget)
+        return Prompt(prefix.text, suffix.text, files, prefix.truncated or suffix.truncated)
+
+    # -- repository context ---------------------------------------------
+
+    def repository_files(self, opened: OpenDocument, tree: ts.Tree | None, offset: int, cap: int) -> list[tuple[str, str]]:
+        snippets = self._recent_edit_snippets(opened)
+        if tree is not None and opened.spec is not None:
+            snippets += self._definition_snippets(opened, tree, offset)
+        return self._pack(snippets, cap, opened)
+
+    def _names_near(self, opened: OpenDocument, tree: ts.Tree, offset: int) -> tuple[dict[str, int], str]:
+        """Identifiers near the cursor with their distance in lines, and the
+        partial word being typed at the cursor."""
+        doc = opened.doc
+        cursor_line = doc.line_of(offset)
+        names: dict[str, int] = {}
+        partial = ""
+        nodes = captures(opened.spec, "identifiers", tree.root_node, (offset - NEAR_BEFORE, offset + NEAR_AFTER))
+        for node in nodes.get("identifier", []):
+            if node.start_byte < offset <= node.end_byte:
+                partial = decode(doc.data[node.start_byte : offset])
+                continue
+            name = decode(node.text or b"")
+            distance = abs(doc.line_of(node.start_byte) - cursor_line)
+            if len(name) > 1 and distance < names.get(name, 1 << 30):
+                names[name] = distance
+        return names, partial
+
+    def _sources(self, opened: OpenDocument, tree: ts.Tree) -> list[tuple[FileSymbols, bool]]:
+        """Files to look for definitions in, with whether this document imports them."""
+        sources: list[tuple[FileSymbols, bool]] = []
+        imported = self._imported_paths(opened, tree)
+        seen = {opened.path}
+        for other in self.workspace.documents():
+            if other.uri == opened.uri or other.spec is None or _group(other.spec.name) != _group(opened.spec.name):
+                continue
+            symbols = self.symbols.for_open(other)
+            if symbols is not None:
+                sources.append((symbols, other.path in imported))
+                seen.add(other.path)
+        for path in imported:
+            if path not in seen:
+                symbols = self.symbols.for_path(path)
+                if symbols is not None:
+                    sources.append((symbols, True))
+                    seen.add(path)
+        return sources
+
+    def _imported_paths(self, opened: OpenDocument, tree: ts.Tree) -> list[str]:
+        spec = opened.spec
+        refs = tuple(
+            (decode(m["module"][0].text or b""), tuple(decode(n.text or b"") for n in m.get("name", [])))
+            for m in matches(spec, "module_refs", tree.root_node, max_depth=spec.import_depth)
+        )
+        cached = self._imports.get(opened.uri)
+        if cached is not None and cached[0] == refs:
+            return cached[1]
+        stub = FileSymbols(opened.path, spec, b"", [0], imports=list(refs))
+        roots = self.workspace.folders or []
+        paths = resolve_imports(stub, roots)
+        self._imports[opened.uri] = (refs, paths)
+        return paths
+
+    def _definition_snippets(self, opened: OpenDocument, tree: ts.Tree, offset: int) -> list[_Snippet]:
+        names, partial = self._names_near(opened, tree, offset)
+        scored: dict[tuple[str, int], tuple[float, Definition, FileSymbols]] = {}
+
+        def consider(definition: Definition, symbols: FileSymbols, score: float) -> None:
+            key = (definition.path, definition.start_byte)
+            if key not in scored or scored[key][0] < score:
+                scored[key] = (score, definition, symbols)
+
+        for symbols, imported in self._sources(opened, tree):
+            bonus = IMPORTED_BONUS if imported else 0.0
+            for name, distance in names.items():
+                for definition in symbols.definitions.get(name, ()):
+                    consider(definition, symbols, 1.0 / (1 + distance) + bonus)
+            if len(partial) >= 2:
+                for name, definitions in symbols.definitions.items():
+                    if name.startswith(partial) and name != partial:
+                        for definition in definitions:
+                            consider(definition, symbols, 0.5 + bonus)
+        snippets = []
+        for score, definition, symbols in scored.values():
+            snippets.append(
+                _Snippet(
+                    self.workspace.relative_path(definition.path),
+                    definition.start_line,
+                    definition.end_line,
+                    symbols.snippet(definition),
+                    score,
+                )
+            )
+        return snippets
+
+    def _recent_edit_snippets(self, opened: OpenDocument) -> list[_Snippet]:
+        snippets = []
+        for other in self.workspace.recently_edited(opened.uri, RECENT_FILES):
+            if other.skip_reason is not None or other.doc.last_edit_offset is None:
+                continue
+            doc = other.doc
+            line = doc.line_of(min(doc.last_edit_offset, len(doc.data)))
+            first = max(0, line - RECENT_EDIT_LINES)
+            last = min(doc.line_count - 1, line + RECENT_EDIT_LINES)
+            end = doc.line_starts[last + 1] if last + 1 < doc.line_count else len(doc.data)
+            text = doc.slice(doc.line_starts[first], end).rstrip() + "\n"
+            snippets.append(_Snippet(self.workspace.relative_path(other.path), first, last, text, RECENT_SCORE))
+        return snippets
+
+    def _pack(self, snippets: list[_Snippet], cap: int, opened: OpenDocument) -> list[tuple[str, str]]:
+        """Best snippets that fit ``cap`` bytes, grouped per file, files ordered
+        from least to most relevant (the model reads the last one nearest the cursor)."""
+        chosen: dict[str, list[_Snippet]] = {}
+        used = 0
+        for snippet in sorted(snippets, key=lambda s: -s.score):
+            cost = len(encode(snippet.text)) + (0 if snippet.path in chosen else len(snippet.path) + FILE_OVERHEAD)
+            if used + cost > cap:
+                continue
+            chosen.setdefault(snippet.path, []).append(snippet)
+            used += cost
+        comment = (opened.spec.line_comment if opened.spec else "#") + " ..."
+        files = []
+        for path, group in chosen.items():
+            group.sort(key=lambda s: s.start_line)
+            parts: list[str] = []
+            last_end = -2
+            for snippet in group:
+                if snippet.start_line <= last_end:  # overlaps what is already there
+                    continue
+                if parts and snippet.start_line > last_end + 1:
+                    parts.append(comment + "\n")
+                parts.append(snippet.text)
+                last_end = snippet.end_line
+            files.append((max(s.score for s in group), path, "".join(parts)))
+        files.sort(key=lambda f: f[0])
+        return [(path, content) for _, path, content in files]

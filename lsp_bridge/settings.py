@@ -1,0 +1,99 @@
+"""Bridge settings: defaults < command line < initializationOptions < didChangeConfiguration.
+
+Editors send camelCase keys, either flat or under a ``quickdraft`` section.
+A value of the wrong type is ignored with a warning, never fatal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
+
+SECTION = "quickdraft"
+
+
+@dataclass(frozen=True)
+class Settings:
+    enabled: bool = True
+    # host:port of the quickdraft gRPC server.
+    server: str = "127.0.0.1:50051"
+    # File holding a bearer token for the server (read on every settings change).
+    auth_token_file: str = ""
+    tls: bool = False
+    tls_root_cert_file: str = ""
+    # Wait this long after the last request before asking the model; a newer
+    # request for the same document replaces the waiting one.
+    debounce_ms: int = 75
+    max_tokens: int = 128
+    single_line_max_tokens: int = 48
+    request_timeout_ms: int = 10_000
+    enable_in_comments: bool = False
+    enable_in_strings: bool = False
+    # Documents larger than this are not parsed nor completed (said in the log).
+    max_file_bytes: int = 1_000_000
+    repository_context: bool = True
+    disabled_languages: tuple[str, ...] = field(default_factory=tuple)
+
+    def merged(self, options: Mapping[str, Any] | None) -> "Settings":
+        """These settings updated from an editor's options object."""
+        if not isinstance(options, Mapping):
+            return self
+        if isinstance(options.get(SECTION), Mapping):
+            options = options[SECTION]
+        changes: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            key = _camel(f.name)
+            if key not in options and f.name not in options:
+                continue
+            value = options.get(key, options.get(f.name))
+            checked = _check(f.name, value, getattr(self, f.name))
+            if checked is not None:
+                changes[f.name] = checked
+        return dataclasses.replace(self, **changes)
+
+    def read_token(self) -> str | None:
+        if not self.auth_token_file:
+            return None
+        try:
+            with open(self.auth_token_file, encoding="utf-8") as f:
+                return f.read().strip() or None
+        except OSError as err:
+            log.warning("cannot read auth token file %s: %s", self.auth_token_file, err)
+            return None
+
+    def read_root_cert(self) -> bytes | None:
+        if not self.tls_root_cert_file:
+            return None
+        try:
+            with open(self.tls_root_cert_file, "rb") as f:
+                return f.read()
+        except OSError as err:
+            log.warning("cannot read TLS root certificate %s: %s", self.tls_root_cert_file, err)
+            return None
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _check(name: str, value: Any, current: Any) -> Any:
+    if isinstance(current, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(current, int):
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    elif isinstance(current, str):
+        ok = isinstance(value, str)
+    elif isinstance(current, tuple):
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        value = tuple(value) if ok else value
+    else:
+        ok = False
+    if not ok:
+        log.warning("ignoring setting %s=%r (expected %s)", _camel(name), value, type(current).__name__)
+        return None
+    return value
