@@ -38,7 +38,7 @@ class FakeCompletion(CompletionServicer):
 
     def __init__(self) -> None:
         self.deltas: list[str] = ["return a + b"]
-        self.block = False  # when True, Complete waits until the client cancels
+        self.block = 0  # the next this-many Complete calls wait until the client cancels
         self.requests: list[pb.CompleteRequest] = []
         self.cancelled = 0
         self.finished = 0
@@ -62,7 +62,8 @@ class FakeCompletion(CompletionServicer):
     async def Complete(self, request, context):
         self.requests.append(request)
         await self._bump()
-        if self.block:
+        if self.block > 0:
+            self.block -= 1
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
@@ -159,6 +160,7 @@ class Editor:
 
     def __init__(self, client: LanguageClient, encoding: str, status: StatusLog, root: Path):
         self.client = client
+        self.init_result: types.InitializeResult | None = None
         self.encoding = encoding
         self.status = status
         self.root = root
@@ -241,7 +243,9 @@ async def start_bridge(
         )
     )
     encoding = result.capabilities.position_encoding or "utf-16"
-    return Editor(client, str(encoding.value if hasattr(encoding, "value") else encoding), status, root), result
+    editor = Editor(client, str(encoding.value if hasattr(encoding, "value") else encoding), status, root)
+    editor.init_result = result
+    return editor, result
 
 
 @pytest_asyncio.fixture
