@@ -43,9 +43,12 @@ def units_to_bytes(line: bytes, units: int, encoding: str) -> int:
     text = decode(line)
     if encoding == UTF32:
         return len(encode(text[:units]))
-    # UTF-16: slice code units; "ignore" drops half of a cut surrogate pair.
-    head = text.encode("utf-16-le", "surrogatepass")[: 2 * units]
-    return len(encode(head.decode("utf-16-le", "ignore")))
+    # UTF-16: slice code units. A cut through a surrogate pair leaves a lone
+    # high surrogate that the text does not have: drop it (round down).
+    head = text.encode("utf-16-le", "surrogatepass")[: 2 * units].decode("utf-16-le", "surrogatepass")
+    if not text.startswith(head):
+        head = head[:-1]
+    return len(encode(head))
 
 
 def bytes_to_units(line: bytes, nbytes: int, encoding: str) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import tree_sitter as ts
 
+from quickdraft.lsp_bridge.languages import INDENT
 from quickdraft.lsp_bridge.syntax import captures, matches
 from quickdraft.lsp_bridge.text import decode
 from quickdraft.lsp_bridge.workspace import OpenDocument
@@ -58,19 +59,31 @@ def _last_code_byte(data: bytes, before: int, floor: int) -> int:
 def scope_headers(opened: OpenDocument, tree: ts.Tree, offset: int) -> list[Span]:
     """Header lines of the classes/functions enclosing ``offset``, outermost first."""
     doc = opened.doc
+    data = doc.data
     cursor_line = doc.line_of(offset)
+    line_start = doc.line_starts[cursor_line]
+    # In indentation languages a scope's node ends at its last statement, but
+    # blank lines after it, indented deeper than its header, still belong to it.
+    indented = opened.spec.block_style == INDENT
+    ws_start = offset
+    while indented and ws_start > 0 and data[ws_start - 1] in _WHITESPACE:
+        ws_start -= 1
+    indent = len(data[line_start:offset]) - len(data[line_start:offset].lstrip(b" \t"))
     headers: list[Span] = []
-    for match in matches(opened.spec, "scopes", tree.root_node, (max(0, offset - 1), offset + 1)):
+    for match in matches(opened.spec, "scopes", tree.root_node, (max(0, ws_start - 1), offset + 1)):
         scope = match["scope"][0]
         body = match["body"][0]
-        if not (scope.start_byte < offset <= scope.end_byte):
+        if scope.start_byte >= offset:
             continue
+        if scope.end_byte < offset:
+            scope_indent = scope.start_byte - doc.line_starts[doc.line_of(scope.start_byte)]
+            if not (indented and scope.end_byte >= ws_start and indent > scope_indent):
+                continue
         # For brace bodies the header ends at the "{"; for indented ones, before the body.
-        header_end = body.start_byte + 1 if doc.data[body.start_byte : body.start_byte + 1] == b"{" else body.start_byte
-        last = _last_code_byte(doc.data, header_end, scope.start_byte)
-        span = _line_span(opened, scope.start_byte, last + 1)
+        header_end = body.start_byte + 1 if data[body.start_byte : body.start_byte + 1] == b"{" else body.start_byte
+        last = _last_code_byte(data, header_end, scope.start_byte)
         if doc.line_of(last) < cursor_line:
-            headers.append(span)
+            headers.append(_line_span(opened, scope.start_byte, last + 1))
     headers.sort(key=lambda s: s.start)
     return headers
 
