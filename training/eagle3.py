@@ -42,6 +42,7 @@ class DrafterConfig:
     slot_token_id: int
     # Parallel slots the drafter was trained for (K-1 at most); 0 = autoregressive only.
     parallel_slots: int = 0
+    num_hidden_layers: int = 1
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
@@ -53,7 +54,7 @@ class DrafterConfig:
             "model_type": "llama",
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": 1,
+            "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim,
@@ -102,55 +103,37 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
     return out.to(x.dtype)
 
 
-class Eagle3Drafter(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
+class DecoderLayer(nn.Module):
+    """One drafter layer. The first takes [norm(embeds), norm(hidden)] (2d wide);
+    later ones are plain pre-norm Llama layers over the residual stream."""
+
+    def __init__(self, cfg: DrafterConfig, first: bool):
         super().__init__()
         self.cfg = cfg
+        self.first = first
         d, h, kv, hd, i = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
-        fc_in = cfg.target_hidden_size * len(cfg.aux_layer_ids)
-        self.fc = nn.Linear(fc_in, d, bias=False)
-        self.hidden_norm = RMSNorm(d, cfg.rms_norm_eps)
+        in_dim = 2 * d if first else d
+        if first:
+            self.hidden_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
-        self.q_proj = nn.Linear(2 * d, h * hd, bias=False)
-        self.k_proj = nn.Linear(2 * d, kv * hd, bias=False)
-        self.v_proj = nn.Linear(2 * d, kv * hd, bias=False)
+        self.q_proj = nn.Linear(in_dim, h * hd, bias=False)
+        self.k_proj = nn.Linear(in_dim, kv * hd, bias=False)
+        self.v_proj = nn.Linear(in_dim, kv * hd, bias=False)
         self.o_proj = nn.Linear(h * hd, d, bias=False)
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
         self.gate_proj = nn.Linear(d, i, bias=False)
         self.up_proj = nn.Linear(d, i, bias=False)
         self.down_proj = nn.Linear(i, d, bias=False)
-        self.norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.mask_hidden = nn.Parameter(torch.zeros(1, fc_in)) if cfg.parallel_slots else None
-        self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=0.02)
-        # Residual-branch outputs start small so the first pass starts near fc(aux).
-        for lin in (self.o_proj, self.down_proj):
-            nn.init.normal_(lin.weight, std=0.02 / math.sqrt(2))
-        if self.mask_hidden is not None:
-            nn.init.normal_(self.mask_hidden, std=0.02)
-
-    def slot_hidden(self) -> torch.Tensor:
-        """The hidden state of a parallel slot: fc(mask_hidden), as vLLM precomputes it."""
-        assert self.mask_hidden is not None, "drafter was not trained for parallel drafting"
-        return self.fc(self.mask_hidden)[0]
-
-    def layer(
-        self,
-        embeds: torch.Tensor,  # [B, T, d] target embeddings of the input tokens
-        hidden: torch.Tensor,  # [B, T, d] fc(aux) or a previous step's pre-norm output
-        positions: torch.Tensor,  # [T] or [B, T]
-        mask: torch.Tensor | None,  # [T, S] bool, True = may attend; None = causal
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,  # keys/values [B, kv, P, hd]
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """(normed output for the LM head, pre-norm output fed back, this chunk's (k, v))."""
+    def forward(self, embeds, hidden, residual, positions, mask, past):
         cfg = self.cfg
-        B, T, _ = embeds.shape
-        residual = hidden
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        B, T, _ = hidden.shape
+        if self.first:
+            residual = hidden
+            x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        else:
+            residual = hidden + residual
+            x = self.input_layernorm(residual)
         q = self.q_proj(x).view(B, T, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
@@ -170,31 +153,86 @@ class Eagle3Drafter(nn.Module):
         attn = self.o_proj(attn.transpose(1, 2).reshape(B, T, -1))
         residual = attn + residual
         h = self.post_attention_layernorm(residual)
-        h = self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), residual, kv_new
+
+
+# Our attribute names -> the names vLLM's loader maps (layer 0 is "midlayer").
+_LAYER_PARAMS = {
+    "hidden_norm.weight": "hidden_norm.weight",
+    "input_layernorm.weight": "input_layernorm.weight",
+    "post_attention_layernorm.weight": "post_attention_layernorm.weight",
+    "q_proj.weight": "self_attn.q_proj.weight",
+    "k_proj.weight": "self_attn.k_proj.weight",
+    "v_proj.weight": "self_attn.v_proj.weight",
+    "o_proj.weight": "self_attn.o_proj.weight",
+    "gate_proj.weight": "mlp.gate_proj.weight",
+    "up_proj.weight": "mlp.up_proj.weight",
+    "down_proj.weight": "mlp.down_proj.weight",
+}
+
+
+def _vllm_prefix(i: int) -> str:
+    return "midlayer." if i == 0 else f"layers.{i}."
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        fc_in = cfg.target_hidden_size * len(cfg.aux_layer_ids)
+        self.fc = nn.Linear(fc_in, cfg.hidden_size, bias=False)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, first=(i == 0)) for i in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mask_hidden = nn.Parameter(torch.zeros(1, fc_in)) if cfg.parallel_slots else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+        # Residual-branch outputs start small so the first pass starts near fc(aux).
+        for layer in self.layers:
+            for lin in (layer.o_proj, layer.down_proj):
+                nn.init.normal_(lin.weight, std=0.02 / math.sqrt(2 * len(self.layers)))
+        if self.mask_hidden is not None:
+            nn.init.normal_(self.mask_hidden, std=0.02)
+
+    def slot_hidden(self) -> torch.Tensor:
+        """The hidden state of a parallel slot: fc(mask_hidden), as vLLM precomputes it."""
+        assert self.mask_hidden is not None, "drafter was not trained for parallel drafting"
+        return self.fc(self.mask_hidden)[0]
+
+    def layer(
+        self,
+        embeds: torch.Tensor,  # [B, T, d] target embeddings of the input tokens
+        hidden: torch.Tensor,  # [B, T, d] fc(aux) or a previous step's pre-norm output
+        positions: torch.Tensor,  # [T] or [B, T]
+        mask: torch.Tensor | None,  # [T, S] bool, True = may attend; None = causal
+        past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,  # per layer keys/values [B, kv, P, hd]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """One drafter pass over a chunk: (normed output for the LM head, pre-norm
+        output fed back by autoregressive drafting, per-layer (k, v) of the chunk)."""
+        h, residual = hidden, None
+        kvs = []
+        for i, lyr in enumerate(self.layers):
+            h, residual, kv = lyr(embeds, h, residual, positions, mask, past[i] if past else None)
+            kvs.append(kv)
         prenorm = h + residual
-        return self.norm(prenorm), prenorm, kv_new
+        return self.norm(prenorm), prenorm, kvs
 
     # --- checkpoints ---------------------------------------------------------
 
     def vllm_state_dict(self) -> dict[str, torch.Tensor]:
-        """Weights under the names vLLM's llama_eagle3 loader maps (``midlayer.*``)."""
-        names = {
-            "fc.weight": self.fc.weight,
-            "norm.weight": self.norm.weight,
-            "midlayer.hidden_norm.weight": self.hidden_norm.weight,
-            "midlayer.input_layernorm.weight": self.input_layernorm.weight,
-            "midlayer.post_attention_layernorm.weight": self.post_attention_layernorm.weight,
-            "midlayer.self_attn.q_proj.weight": self.q_proj.weight,
-            "midlayer.self_attn.k_proj.weight": self.k_proj.weight,
-            "midlayer.self_attn.v_proj.weight": self.v_proj.weight,
-            "midlayer.self_attn.o_proj.weight": self.o_proj.weight,
-            "midlayer.mlp.gate_proj.weight": self.gate_proj.weight,
-            "midlayer.mlp.up_proj.weight": self.up_proj.weight,
-            "midlayer.mlp.down_proj.weight": self.down_proj.weight,
-        }
+        """Weights under the names vLLM's llama_eagle3 loader maps."""
+        out = {"fc.weight": self.fc.weight, "norm.weight": self.norm.weight}
+        for i, lyr in enumerate(self.layers):
+            for ours, theirs in _LAYER_PARAMS.items():
+                if ours == "hidden_norm.weight" and not lyr.first:
+                    continue
+                out[_vllm_prefix(i) + theirs] = lyr.get_parameter(ours)
         if self.mask_hidden is not None:
-            names["mask_hidden"] = self.mask_hidden
-        return {k: v.detach() for k, v in names.items()}
+            out["mask_hidden"] = self.mask_hidden
+        return {k: v.detach() for k, v in out.items()}
 
     def save(self, out: Path, dtype: torch.dtype = torch.bfloat16) -> None:
         from safetensors.torch import save_file
@@ -211,23 +249,11 @@ class Eagle3Drafter(nn.Module):
         raw = json.loads((path / "quickdraft_drafter.json").read_text())
         raw["aux_layer_ids"] = tuple(raw["aux_layer_ids"])
         model = cls(DrafterConfig(**raw))
-        weights = load_file(str(path / "model.safetensors"))
-        own = {
-            "fc.weight": "fc.weight",
-            "norm.weight": "norm.weight",
-            "midlayer.hidden_norm.weight": "hidden_norm.weight",
-            "midlayer.input_layernorm.weight": "input_layernorm.weight",
-            "midlayer.post_attention_layernorm.weight": "post_attention_layernorm.weight",
-            "midlayer.self_attn.q_proj.weight": "q_proj.weight",
-            "midlayer.self_attn.k_proj.weight": "k_proj.weight",
-            "midlayer.self_attn.v_proj.weight": "v_proj.weight",
-            "midlayer.self_attn.o_proj.weight": "o_proj.weight",
-            "midlayer.mlp.gate_proj.weight": "gate_proj.weight",
-            "midlayer.mlp.up_proj.weight": "up_proj.weight",
-            "midlayer.mlp.down_proj.weight": "down_proj.weight",
-            "mask_hidden": "mask_hidden",
-        }
-        state = {own[k]: v.to(dtype) for k, v in weights.items()}
+        theirs_to_ours = {"fc.weight": "fc.weight", "norm.weight": "norm.weight", "mask_hidden": "mask_hidden"}
+        for i in range(len(model.layers)):
+            for ours, theirs in _LAYER_PARAMS.items():
+                theirs_to_ours[_vllm_prefix(i) + theirs] = f"layers.{i}.{ours}"
+        state = {theirs_to_ours[k]: v.to(dtype) for k, v in load_file(str(path / "model.safetensors")).items()}
         model.load_state_dict(state, strict=True)
         return model.to(dtype)
 
@@ -282,6 +308,22 @@ def chain_mask(n_real: int, anchors: torch.Tensor, steps: int, device) -> torch.
     same = group[:, None] == group[None, :]
     m[n_real:, n_real:] = same & (s_of_row[None, :] <= s_of_row[:, None])
     return m
+
+
+class KVChain:
+    """Per-layer keys/values of the chunks run so far, for the next pass to attend to."""
+
+    def __init__(self, first: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.chunks = [first]
+
+    def append(self, kvs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.chunks.append(kvs)
+
+    def past(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [
+            (torch.cat([c[i][0] for c in self.chunks], 2), torch.cat([c[i][1] for c in self.chunks], 2))
+            for i in range(len(self.chunks[0]))
+        ]
 
 
 def soft_ce(logits: torch.Tensor, teacher_probs: torch.Tensor) -> torch.Tensor:
@@ -352,7 +394,7 @@ def autoregressive_loss(
     B, T = ids.shape
     n_real = T - 1
     dev = ids.device
-    out, prenorm, (k0, v0) = drafter.layer(embed(ids[:, 1:]), drafter.fc(aux[:, :n_real]), torch.arange(n_real, device=dev), None)
+    out, prenorm, kv0 = drafter.layer(embed(ids[:, 1:]), drafter.fc(aux[:, :n_real]), torch.arange(n_real, device=dev), None)
     logits = out @ lm_head_weight.T
     lab = torch.arange(1, T, device=dev)
     w0 = valid[:, lab].float()
@@ -360,7 +402,7 @@ def autoregressive_loss(
     accs = [((logits.argmax(-1) == teacher[:, lab].argmax(-1)).float() * w0).sum().item() / max(1.0, w0.sum().item())]
     A = anchors.numel()
     hidden = prenorm[:, anchors]  # [B, A, d]
-    keys, values = [k0], [v0]
+    cache = KVChain(kv0)
     r = torch.arange(n_real, device=dev)
     for s in range(1, steps):
         tok_pos = (anchors + 1 + s).clamp(max=T - 1)
@@ -373,10 +415,8 @@ def autoregressive_loss(
         for j in range(s - 1):
             mask[:, n_real + j * A : n_real + (j + 1) * A] = eye
         mask[:, n_real + n_prev :] = eye
-        past = (torch.cat(keys, 2), torch.cat(values, 2))
-        out, prenorm_s, (ks, vs) = drafter.layer(embed(ids[:, tok_pos]), hidden, pos, mask, past)
-        keys.append(ks)
-        values.append(vs)
+        out, prenorm_s, kvs = drafter.layer(embed(ids[:, tok_pos]), hidden, pos, mask, cache.past())
+        cache.append(kvs)
         hidden = prenorm_s
         lg = out @ lm_head_weight.T
         lpos = (anchors + s + 1).clamp(max=T - 1)

@@ -54,12 +54,11 @@ def pack(token_lists, seq_len: int) -> torch.Tensor:
     return torch.from_numpy(flat[: n * (seq_len + 1)].reshape(n, seq_len + 1)).long()
 
 
-def exact_prompt(tok, prefix: str, suffix: str, length: int, ids: dict[str, int], fim: bool) -> list[int] | None:
-    """A prompt of exactly `length` tokens: the prefix cut on the left, the suffix on the right."""
-    pre = tok.encode(prefix, add_special_tokens=False).ids
-    if not fim:
+def exact_prompt(pre: list[int], suf: list[int] | None, length: int, ids: dict[str, int]) -> list[int] | None:
+    """A prompt of exactly `length` tokens: the prefix cut on the left, the suffix
+    on the right (FIM when `suf` is not None)."""
+    if suf is None:
         return pre[-length:] if len(pre) >= length else None
-    suf = tok.encode(suffix, add_special_tokens=False).ids
     room = length - 3
     n_suf = min(len(suf), room // 3)
     n_pre = room - n_suf
@@ -75,20 +74,24 @@ def generation_set(tok, dist_files, n: int, length: int, ids: dict[str, int], se
     """(token prompts [n, length], text prompts for CPU benchmarks)."""
     rng = random.Random(seed)
     flat = [(d, p, t) for d, files in dist_files.items() for p, t in files]
-    rows, texts = [], []
-    tries = 0
-    while len(rows) < n and tries < n * 20:
-        tries += 1
+    cands = []
+    for _ in range(n * 2):
         dist, path, text = flat[rng.randrange(len(flat))]
         fim = rng.random() < 0.7
         prefix, suffix = samples.generation_prompt(text, rng, path, fim)
-        if len(prefix) < 200:
-            continue
-        row = exact_prompt(tok, prefix, suffix, length, ids, fim)
+        if len(prefix) >= 200:
+            cands.append((dist, path, prefix, suffix if fim else None))
+    pres = tok.encode_batch([c[2] for c in cands], add_special_tokens=False)
+    sufs = tok.encode_batch([c[3] or "" for c in cands], add_special_tokens=False)
+    rows, texts = [], []
+    for (dist, path, prefix, suffix), pre, suf in zip(cands, pres, sufs):
+        row = exact_prompt(pre.ids, suf.ids if suffix is not None else None, length, ids)
         if row is None:
             continue
         rows.append(row)
-        texts.append({"distribution": dist, "path": path, "prefix": prefix[-2000:], "suffix": suffix[:800] if fim else None})
+        texts.append({"distribution": dist, "path": path, "prefix": prefix[-2000:], "suffix": suffix[:800] if suffix is not None else None})
+        if len(rows) == n:
+            break
     return torch.tensor(rows, dtype=torch.long), texts
 
 
@@ -214,11 +217,11 @@ def ar_drafts(drafter, embed, head, seqs, aux, anchors, steps):
     B, T = seqs.shape
     n_real = T - 1
     dev = seqs.device
-    out, prenorm, (k0, v0) = drafter.layer(embed(seqs[:, 1:]), drafter.fc(aux[:, :n_real]), torch.arange(n_real, device=dev), None)
+    out, prenorm, kv0 = drafter.layer(embed(seqs[:, 1:]), drafter.fc(aux[:, :n_real]), torch.arange(n_real, device=dev), None)
     drafts = [(out[:, anchors] @ head.T).argmax(-1)]
     A = anchors.numel()
     hidden = prenorm[:, anchors]
-    keys, values = [k0], [v0]
+    cache = eagle3.KVChain(kv0)
     r = torch.arange(n_real, device=dev)
     eye = torch.eye(A, dtype=torch.bool, device=dev)
     for s in range(1, steps):
@@ -228,9 +231,8 @@ def ar_drafts(drafter, embed, head, seqs, aux, anchors, steps):
         for j in range(s):
             mask[:, n_real + j * A : n_real + (j + 1) * A] = eye
         tok_pos = (anchors + 1 + s).clamp(max=T - 1)
-        out, hidden, (ks, vs) = drafter.layer(embed(seqs[:, tok_pos]), hidden, anchors + s, mask, (torch.cat(keys, 2), torch.cat(values, 2)))
-        keys.append(ks)
-        values.append(vs)
+        out, hidden, kvs = drafter.layer(embed(seqs[:, tok_pos]), hidden, anchors + s, mask, cache.past())
+        cache.append(kvs)
         drafts.append((out @ head.T).argmax(-1))
     return torch.stack(drafts, dim=2)
 
@@ -305,6 +307,13 @@ def main(argv=None) -> int:
         "drafter_batch": 8 if smoke else 64,
         "drafter_lr": 3e-3 if smoke else 1e-3,
         "drafter_intermediate": 128 if smoke else 1024,
+        # P-EAGLE slots see a constant input (slot token, fc(mask_hidden)); a second
+        # layer lets them attend by content (one layer can only pool by position).
+        "p_eagle_layers": 2,
+        "p_eagle_intermediate": 128 if smoke else 768,
+        "target_s": 0.35 if smoke else 200,
+        "gen_s": 0.1 if smoke else 30,
+        "drafters_s": 0.3 if smoke else 190,
         "aux_layer_ids": (1, 3, 5),
     }
     log({"plan": {k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v) for k, v in plan.items()}, "device": str(dev), "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else None})
@@ -358,10 +367,9 @@ def main(argv=None) -> int:
 
     # 4. target
     prep = time.time() - t_start
-    remaining = budget - prep
-    t_target = remaining * (0.55 if not smoke else 0.5)
-    t_gen = remaining * 0.10
-    t_draft = remaining * 0.25
+    # Smoke runs give fractions of the budget; full runs give seconds.
+    share = (lambda key: plan[key] * budget) if smoke else (lambda key: plan[key])
+    t_target, t_gen, t_draft = share("target_s"), share("gen_s"), share("drafters_s")
     log({"budget": {"prep_s": round(prep, 1), "target_s": round(t_target, 1), "gen_s": round(t_gen, 1), "drafters_s": round(t_draft, 1)}})
     stop_ids = [ids[s] for s in STOP_TOKENS]
     target = target_mod.make_target(tok.get_vocab_size(), plan["target_shape"], stop_ids).to(dev)
@@ -418,7 +426,9 @@ def main(argv=None) -> int:
         max_position_embeddings=shape.max_position_embeddings,
     )
     drafters = {
-        "p_eagle": eagle3.Eagle3Drafter(eagle3.DrafterConfig(**base, parallel_slots=plan["parallel_slots"])).to(dev),
+        "p_eagle": eagle3.Eagle3Drafter(
+            eagle3.DrafterConfig(**{**base, "intermediate_size": plan["p_eagle_intermediate"]}, parallel_slots=plan["parallel_slots"], num_hidden_layers=plan["p_eagle_layers"])
+        ).to(dev),
         "eagle3": eagle3.Eagle3Drafter(eagle3.DrafterConfig(**base, parallel_slots=0)).to(dev),
     }
     drafter_hist = train_drafters(target, drafters, gen, plan["prompt_len"], stop_ids, t_draft, plan["drafter_batch"], plan["drafter_lr"], plan["ar_steps"], log)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.eagle3 import Eagle3Drafter, target_features
+from training.eagle3 import Eagle3Drafter, KVChain, target_features
 
 
 @dataclass
@@ -52,15 +52,14 @@ def drafts_for(target, drafter: Eagle3Drafter, seq: list[int], k: int, parallel:
             pos = torch.cat([pos, torch.arange(L, L + m)])
         out, _, _ = drafter.layer(emb, hid, pos, None)
         return (out[0, L - 1 :] @ head.T).argmax(-1).tolist()
-    out, prenorm, past = drafter.layer(emb, hid, pos, None)
+    out, prenorm, kv = drafter.layer(emb, hid, pos, None)
     drafts = [int((out[0, L - 1] @ head.T).argmax())]
     hidden = prenorm[:, L - 1 : L]
-    keys, values = [past[0]], [past[1]]
+    cache = KVChain(kv)
     for s in range(1, k):
         tok = torch.tensor([[drafts[-1]]])
-        out, hidden, (kk, vv) = drafter.layer(embed(tok), hidden, torch.tensor([L - 1 + s]), torch.ones(1, L + s, dtype=torch.bool), (torch.cat(keys, 2), torch.cat(values, 2)))
-        keys.append(kk)
-        values.append(vv)
+        out, hidden, kv = drafter.layer(embed(tok), hidden, torch.tensor([L - 1 + s]), torch.ones(1, L + s, dtype=torch.bool), cache.past())
+        cache.append(kv)
         drafts.append(int((out[0, -1] @ head.T).argmax()))
     return drafts
 

@@ -66,30 +66,46 @@ def plain_sample(path: str, text: str, context: list[tuple[str, str]] = (), repo
     return render(CodeContext(prefix=text, file_path=path, repo_name=repo, context_files=context)) + ENDOFTEXT
 
 
+def chunks(text: str, max_chars: int = MAX_CHARS) -> Iterator[str]:
+    """Consecutive runs of whole lines covering the text, each at most max_chars."""
+    start = 0
+    while start < len(text):
+        end = text.rfind("\n", start, start + max_chars) + 1 if start + max_chars < len(text) else len(text)
+        if end <= start:
+            end = min(len(text), start + max_chars)
+        yield text[start:end]
+        start = end
+
+
 def samples(dist_files: dict[str, list[tuple[str, str]]], seed: int) -> Iterator[str]:
-    """Every file once, as a FIM, repository-level or plain sample."""
+    """Every file once (long files in consecutive chunks), each chunk as a FIM,
+    repository-level or plain sample."""
     rng = random.Random(seed)
     for dist, files in dist_files.items():
         order = list(range(len(files)))
         rng.shuffle(order)
-        for n, idx in enumerate(order):
-            path, text = files[idx]
-            text = window(text, rng)
-            r = rng.random()
-            if r < 0.25 and len(files) > 1:
-                # Repository level: up to three other files of the distribution, shortened.
-                others = [files[j] for j in rng.sample(range(len(files)), min(3, len(files) - 1)) if j != idx][:3]
-                budget = MAX_CHARS // 2
-                context = []
-                for opath, otext in others:
-                    piece = window(otext, rng, max(200, budget // max(1, len(others))))
-                    context.append((opath, piece))
-                own = window(text, rng, MAX_CHARS // 2)
-                yield (fim_sample(path, own, rng, context, dist) if rng.random() < 0.5 else plain_sample(path, own, context, dist))
-            elif r < 0.75:
-                yield fim_sample(path, text, rng)
-            else:
-                yield plain_sample(path, text)
+        for idx in order:
+            path, whole = files[idx]
+            for text in chunks(whole):
+                yield _sample(dist, files, idx, path, text, rng)
+
+
+def _sample(dist: str, files: list[tuple[str, str]], idx: int, path: str, text: str, rng: random.Random) -> str:
+    r = rng.random()
+    if r < 0.25 and len(files) > 1:
+        # Repository level: up to three other files of the distribution, shortened.
+        others = [files[j] for j in rng.sample(range(len(files)), min(3, len(files) - 1)) if j != idx][:3]
+        budget = MAX_CHARS // 2
+        context = []
+        for opath, otext in others:
+            piece = window(otext, rng, max(200, budget // max(1, len(others))))
+            context.append((opath, piece))
+        own = window(text, rng, MAX_CHARS // 2)
+        return (fim_sample(path, own, rng, context, dist) if rng.random() < 0.5 else plain_sample(path, own, context, dist))
+    elif r < 0.75:
+        return fim_sample(path, text, rng)
+    else:
+        return plain_sample(path, text)
 
 
 def generation_prompt(text: str, rng: random.Random, path: str = "", fim: bool = True) -> tuple[str, str]:
