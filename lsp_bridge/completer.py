@@ -44,6 +44,7 @@ class Completer:
         self.settings = settings
         self.cache = CompletionCache()
         self._inflight: dict[str, asyncio.Task] = {}
+        self.sleep = asyncio.sleep  # the debounce wait (replaceable in tests)
 
     async def complete(self, uri: str, line: int, character: int, *, invoked: bool = False) -> Result | None:
         """The completion at a position, or None. A newer call for the same
@@ -95,7 +96,7 @@ class Completer:
             log.debug("no completion at %s:%d:%d: %s", uri, line, character, reason)
             return None
         if settings.debounce_ms > 0 and not invoked:
-            await asyncio.sleep(settings.debounce_ms / 1000)
+            await self.sleep(settings.debounce_ms / 1000)
             if doc.version != version:
                 return None
 

@@ -224,6 +224,8 @@ class Draft:
         if end is not None:
             lines = lines[:end]
         lines = lines[: shape.max_lines]
+        while lines and not lines[-1].strip():
+            lines.pop()
         lines = _drop_repeated_tail(lines, shape.next_lines)
         while lines and not lines[-1].strip():
             lines.pop()
@@ -265,7 +267,7 @@ def _drop_repeated_tail(lines: list[str], next_lines: tuple[str, ...]) -> list[s
     following = [n.strip() for n in next_lines if n.strip()]
     body = [line.strip() for line in lines]
     for k in range(min(len(lines), len(following)), 0, -1):
-        tail = [b for b in body[-k:]]
+        tail = body[-k:]
         if tail == following[:k] and any(tail):
             return lines[:-k]
     return lines

@@ -119,15 +119,16 @@ class BridgeServer(LanguageServer):
         self.completer = Completer(self.documents, self.context, self.backend, self.settings)
         self.backend.start()
 
-    async def apply_settings(self, settings: Settings) -> None:
+    def apply_settings(self, settings: Settings) -> None:
+        """Take new settings now; a new server address reconnects in the background."""
         self.settings = settings
         self.documents.max_file_bytes = settings.max_file_bytes
         self.symbols.max_file_bytes = settings.max_file_bytes
         self.context.repository_context = settings.repository_context
         if self.completer is not None:
             self.completer.settings = settings
-        if self.backend is not None:
-            await self.backend.reconfigure(self.backend_config())
+        if self.backend is not None and self.backend.config != self.backend_config():
+            asyncio.ensure_future(self.backend.reconfigure(self.backend_config()))
 
     def _on_backend_state(self, state: str, info) -> None:
         payload = {"state": state, "server": self.settings.server}
@@ -206,12 +207,9 @@ def create_server(settings: Settings | None = None) -> BridgeServer:
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: BridgeServer, params: types.InitializeParams) -> None:
-        ls.settings = ls.settings.merged(params.initialization_options)
+        ls.apply_settings(ls.settings.merged(params.initialization_options))
         ls.documents.set_folders(_folders(params))
         ls.documents.encoding = ServerCapabilitiesBuilder.choose_position_encoding(params.capabilities)
-        ls.documents.max_file_bytes = ls.settings.max_file_bytes
-        ls.symbols.max_file_bytes = ls.settings.max_file_bytes
-        ls.context.repository_context = ls.settings.repository_context
         text_document = params.capabilities.text_document
         no_inline = text_document is None or text_document.inline_completion is None
         if no_inline and types.TEXT_DOCUMENT_COMPLETION not in ls.protocol.fm.features:
@@ -223,7 +221,8 @@ def create_server(settings: Settings | None = None) -> BridgeServer:
 
     @server.feature(types.INITIALIZED)
     def initialized(ls: BridgeServer, params: types.InitializedParams) -> None:
-        ls.start_backend()
+        if ls.backend is None:
+            ls.start_backend()
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: BridgeServer, params: None) -> None:
@@ -231,19 +230,23 @@ def create_server(settings: Settings | None = None) -> BridgeServer:
             await ls.backend.close()
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
-    async def did_change_configuration(ls: BridgeServer, params: types.DidChangeConfigurationParams) -> None:
-        options = params.settings
-        if not isinstance(options, dict) or not options:
+    def did_change_configuration(ls: BridgeServer, params: types.DidChangeConfigurationParams) -> None:
+        if isinstance(params.settings, dict) and params.settings:
+            ls.apply_settings(ls.settings.merged(params.settings))
+        else:
             # Pull model: the notification only says "something changed".
-            try:
-                pulled = await ls.workspace_configuration_async(
-                    types.ConfigurationParams(items=[types.ConfigurationItem(section=SECTION)])
-                )
-                options = pulled[0] if pulled else None
-            except Exception as err:  # the client may not support workspace/configuration
-                log.warning("workspace/configuration failed: %s", err)
-                return
-        await ls.apply_settings(ls.settings.merged(options))
+            asyncio.ensure_future(pull_configuration(ls))
+
+    async def pull_configuration(ls: BridgeServer) -> None:
+        try:
+            pulled = await ls.workspace_configuration_async(
+                types.ConfigurationParams(items=[types.ConfigurationItem(section=SECTION)])
+            )
+        except Exception as err:  # the client may not support workspace/configuration
+            log.warning("workspace/configuration failed: %s", err)
+            return
+        if pulled:
+            ls.apply_settings(ls.settings.merged(pulled[0]))
 
     @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
     def did_change_folders(ls: BridgeServer, params: types.DidChangeWorkspaceFoldersParams) -> None:

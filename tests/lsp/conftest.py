@@ -39,6 +39,7 @@ class FakeCompletion(CompletionServicer):
     def __init__(self) -> None:
         self.deltas: list[str] = ["return a + b"]
         self.block = 0  # the next this-many Complete calls wait until the client cancels
+        self.hang_after_deltas = False  # send the deltas, then wait until the client cancels
         self.requests: list[pb.CompleteRequest] = []
         self.cancelled = 0
         self.finished = 0
@@ -64,17 +65,22 @@ class FakeCompletion(CompletionServicer):
         await self._bump()
         if self.block > 0:
             self.block -= 1
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                self.cancelled += 1
-                await asyncio.shield(self._bump())
-                raise
+            await self._wait_for_cancel()
         for delta in self.deltas:
             yield pb.CompleteResponse(text=delta)
+        if self.hang_after_deltas:
+            await self._wait_for_cancel()
         self.finished += 1
         yield pb.CompleteResponse(final=pb.CompleteFinal(finish_reason=pb.FINISH_REASON_STOP))
         await self._bump()
+
+    async def _wait_for_cancel(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            await asyncio.shield(self._bump())
+            raise
 
     async def GetServerInfo(self, request, context):
         return self.info

@@ -139,8 +139,8 @@ async def test_server_dies_mid_session(editor, fake_server):
     editor.type(uri, len(editor.texts[uri]), "x")
     assert texts(await editor.inline(uri)) == []
     await editor.status.wait_for("down")
-    await fake_server.start()
     editor.status.states.clear()
+    await fake_server.start()
     await editor.status.wait_for("up")
     editor.type(uri, len(editor.texts[uri]), " = ")
     assert (await editor.inline(uri)).items
