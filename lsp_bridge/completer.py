@@ -90,7 +90,9 @@ class Completer:
         if not self.backend.available:
             return None
 
-        tree = opened.tree
+        tree = await opened.fresh_tree()
+        if doc.version != version:
+            return None  # edited while the tree was being brought up to date
         reason = gate(opened, tree, offset, in_comments=settings.enable_in_comments, in_strings=settings.enable_in_strings)
         if reason is not None:
             log.debug("no completion at %s:%d:%d: %s", uri, line, character, reason)

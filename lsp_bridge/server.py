@@ -92,7 +92,7 @@ class BridgeServer(LanguageServer):
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
         )
         self.settings = settings or Settings()
-        self.documents = Workspace(max_file_bytes=self.settings.max_file_bytes)
+        self.documents = Workspace(max_file_bytes=self.settings.max_file_bytes, background_parse=True)
         self.symbols = SymbolIndex(self.settings.max_file_bytes)
         self.context = ContextEngine(self.documents, self.symbols, repository_context=self.settings.repository_context)
         self.backend: Backend | None = None

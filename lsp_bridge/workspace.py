@@ -47,12 +47,21 @@ class Change:
 class OpenDocument:
     """A document the editor has open, with its language and parse tree."""
 
-    def __init__(self, doc: Document, path: str, spec: LanguageSpec | None, skip_reason: str | None):
+    def __init__(self, doc: Document, path: str, spec: LanguageSpec | None, skip_reason: str | None, *, background_parse: bool = False):
         self.doc = doc
         self.path = path
         self.spec = spec
         self.skip_reason = skip_reason
-        self.syntax = SyntaxTree(spec, doc.data) if spec is not None and skip_reason is None else None
+        self.background_parse = background_parse
+        self.syntax: SyntaxTree | None = None
+        self.reset_syntax()
+
+    def reset_syntax(self) -> None:
+        """A fresh tree (or none, for skipped documents and unknown languages)."""
+        if self.spec is not None and self.skip_reason is None:
+            self.syntax = SyntaxTree(self.spec, self.doc.data, background=self.background_parse)
+        else:
+            self.syntax = None
 
     @property
     def uri(self) -> str:
@@ -61,6 +70,10 @@ class OpenDocument:
     @property
     def tree(self) -> ts.Tree | None:
         return self.syntax.tree(self.doc.data) if self.syntax is not None else None
+
+    async def fresh_tree(self) -> ts.Tree | None:
+        """The current tree, awaiting a background reparse instead of blocking on it."""
+        return await self.syntax.fresh_tree(self.doc.data) if self.syntax is not None else None
 
 
 def skip_reason_for(data: bytes, max_bytes: int) -> str | None:
@@ -72,10 +85,19 @@ def skip_reason_for(data: bytes, max_bytes: int) -> str | None:
 
 
 class Workspace:
-    def __init__(self, folders: Sequence[str] = (), *, encoding: str = UTF16, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES):
+    def __init__(
+        self,
+        folders: Sequence[str] = (),
+        *,
+        encoding: str = UTF16,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        background_parse: bool = False,
+    ):
         self.folders: list[str] = [os.path.abspath(f) for f in folders]
         self.encoding = encoding
         self.max_file_bytes = max_file_bytes
+        # Reparse on a worker thread after each change (the server does; tests may not).
+        self.background_parse = background_parse
         self._documents: dict[str, OpenDocument] = {}
 
     # -- folders ---------------------------------------------------------
@@ -117,7 +139,7 @@ class Workspace:
         reason = skip_reason_for(doc.data, self.max_file_bytes)
         if reason:
             log.info("not completing in %s: %s", uri, reason)
-        opened = OpenDocument(doc, path, language_for(language_id, path), reason)
+        opened = OpenDocument(doc, path, language_for(language_id, path), reason, background_parse=self.background_parse)
         self._documents[uri] = opened
         return opened
 
@@ -133,7 +155,7 @@ class Workspace:
             else:
                 edit = doc.apply_change(change.text, change.start, change.end)
             if opened.syntax is not None:
-                opened.syntax.edit(edit)
+                opened.syntax.edit(edit, doc.data)
         doc.version = version
         self._recheck_size(opened)
         return opened
@@ -147,12 +169,11 @@ class Workspace:
         too_big = len(data) > self.max_file_bytes
         if opened.skip_reason is None and too_big:
             opened.skip_reason = f"larger than {self.max_file_bytes} bytes"
-            opened.syntax = None
+            opened.reset_syntax()
             log.info("not completing in %s any more: %s", opened.uri, opened.skip_reason)
         elif opened.skip_reason is not None and not too_big and b"\x00" not in data:
             opened.skip_reason = None
-            if opened.spec is not None:
-                opened.syntax = SyntaxTree(opened.spec, data)
+            opened.reset_syntax()
             log.info("completing in %s again", opened.uri)
 
     def recently_edited(self, exclude: str, limit: int) -> list[OpenDocument]:

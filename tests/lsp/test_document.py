@@ -139,9 +139,10 @@ code = st.lists(st.sampled_from(_CODE), max_size=10).map("".join)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=code, data=st.data())
-def test_incremental_tree_equals_fresh_parse(text, data):
-    ws = Workspace(encoding=UTF16)
+@given(text=code, data=st.data(), background=st.booleans())
+def test_incremental_tree_equals_fresh_parse(text, data, background):
+    # With background=True reparses run on the worker thread while later edits queue up.
+    ws = Workspace(encoding=UTF16, background_parse=background)
     opened = ws.open("file:///t.py", text, language_id="python")
     reference = text
     for version in range(data.draw(st.integers(1, 6))):
@@ -175,3 +176,24 @@ def test_edits_past_the_size_limit_stop_parsing_and_resume():
     assert opened.skip_reason is not None and opened.tree is None
     ws.change(opened.uri, 3, [Change("z = 3\n")])
     assert opened.skip_reason is None and opened.tree is not None
+
+
+async def test_background_reparse_with_queued_edits_matches_fresh_parse():
+    from quickdraft.bench.lsp_common import generate_python
+
+    text = generate_python(3000)
+    ws = Workspace(background_parse=True)
+    opened = ws.open("file:///big.py", text, language_id="python")
+    reference = text
+    # Edits at the end of blocks (slow to reparse) arrive faster than the
+    # worker parses, so most of them queue behind a running parse.
+    for version, index in enumerate(m.end() for m in re.finditer("return results", text)):
+        if version >= 12:
+            break
+        at = index + version  # earlier insertions shifted the text
+        pos = position_of(reference, at, UTF16)
+        ws.change(opened.uri, version + 2, [Change("x", (pos.line, pos.character), (pos.line, pos.character))])
+        reference = reference[:at] + "x" + reference[at:]
+    tree = await opened.fresh_tree()
+    assert opened.doc.text == reference
+    assert str(tree.root_node) == str(parser_for(load("python")).parse(reference.encode()).root_node)
