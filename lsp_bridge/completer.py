@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from quickdraft.client import build_request
 from quickdraft.lsp_bridge.backend import Backend
 from quickdraft.lsp_bridge.cache import CompletionCache
-from quickdraft.lsp_bridge.context import ContextEngine
-from quickdraft.lsp_bridge.postprocess import Completion, Draft, decide_shape, gate
+from quickdraft.lsp_bridge.context import Budget, ContextEngine
+from quickdraft.lsp_bridge.postprocess import Completion, Draft, Shape, decide_shape, gate
 from quickdraft.lsp_bridge.settings import Settings
 from quickdraft.lsp_bridge.workspace import OpenDocument, Workspace
+from quickdraft.v1 import completion_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -110,21 +111,29 @@ class Completer:
         return Result(opened, offset, completion) if completion is not None else None
 
     async def _ask_model(self, opened: OpenDocument, offset: int) -> tuple[bool, Completion | None]:
-        settings = self.settings
-        tree = opened.tree
-        shape = decide_shape(opened, tree, offset)
-        prompt = self.context.build(opened, offset, self.backend.budget)
-        request = build_request(
-            prefix=prompt.prefix,
-            suffix=prompt.suffix,
-            context_files=prompt.context_files,
-            language_id=opened.doc.language_id or (opened.spec.name if opened.spec else ""),
-            file_path=self.workspace.relative_path(opened.path),
-            repo_name=self.workspace.repo_name(opened.path),
-            max_tokens=settings.max_tokens if shape.multiline else min(settings.max_tokens, settings.single_line_max_tokens),
-            stop=() if shape.multiline else ("\n",),
-            latency_class="inline",
-        )
+        request, shape = make_request(self.workspace, self.context, opened, offset, self.backend.budget, self.settings)
         draft = Draft(shape)
         answered = await self.backend.complete(request, draft.feed)
         return answered, draft.result()
+
+
+def make_request(
+    workspace: Workspace, context: ContextEngine, opened: OpenDocument, offset: int, budget: Budget, settings: Settings
+) -> tuple[pb.CompleteRequest, Shape]:
+    """The CompleteRequest for a cursor, and the shape its answer must take."""
+    tree = opened.tree
+    shape = decide_shape(opened, tree, offset)
+    prompt = context.build(opened, offset, budget)
+    request = build_request(
+        prefix=prompt.prefix,
+        suffix=prompt.suffix,
+        context_files=prompt.context_files,
+        language_id=opened.doc.language_id or (opened.spec.name if opened.spec else ""),
+        file_path=workspace.relative_path(opened.path),
+        repo_name=workspace.repo_name(opened.path),
+        max_tokens=settings.max_tokens if shape.multiline else min(settings.max_tokens, settings.single_line_max_tokens),
+        # One line wanted: let the server stop at the line's end instead of streaming more.
+        stop=() if shape.multiline else ("\n",),
+        latency_class="inline",
+    )
+    return request, shape

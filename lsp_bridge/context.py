@@ -28,8 +28,8 @@ DEFAULT_CHARS_PER_TOKEN = 3.5
 CONTEXT_SHARE = 0.3
 SUFFIX_SHARE = 0.25
 # Identifiers this many bytes around the cursor count as "used near the cursor".
-NEAR_BEFORE = 3000
-NEAR_AFTER = 800
+NEAR_BEFORE = 2000
+NEAR_AFTER = 500
 # Per context file: separator tokens and newlines the server adds around it.
 FILE_OVERHEAD = 16
 RECENT_FILES = 2
@@ -107,22 +107,24 @@ class ContextEngine:
             snippets += self._definition_snippets(opened, tree, offset)
         return self._pack(snippets, cap, opened)
 
-    def _names_near(self, opened: OpenDocument, tree: ts.Tree, offset: int) -> tuple[dict[str, int], str]:
-        """Identifiers near the cursor with their distance in lines, and the
-        partial word being typed at the cursor."""
-        doc = opened.doc
-        cursor_line = doc.line_of(offset)
-        names: dict[str, int] = {}
+    def _names_near(self, opened: OpenDocument, tree: ts.Tree, offset: int) -> tuple[dict[str, float], str]:
+        """Identifiers near the cursor with their distance in (approximate)
+        lines, and the partial word being typed at the cursor."""
+        data = opened.doc.data
+        nearest: dict[bytes, int] = {}
         partial = ""
         nodes = captures(opened.spec, "identifiers", tree.root_node, (offset - NEAR_BEFORE, offset + NEAR_AFTER))
         for node in nodes.get("identifier", []):
-            if node.start_byte < offset <= node.end_byte:
-                partial = decode(doc.data[node.start_byte : offset])
+            start, end = node.start_byte, node.end_byte
+            if start < offset <= end:
+                partial = decode(data[start:offset])
                 continue
-            name = decode(node.text or b"")
-            distance = abs(doc.line_of(node.start_byte) - cursor_line)
-            if len(name) > 1 and distance < names.get(name, 1 << 30):
-                names[name] = distance
+            # Byte distance keeps this loop cheap; lines are about 40 bytes.
+            distance = offset - end if end <= offset else start - offset
+            name = data[start:end]
+            if distance < nearest.get(name, 1 << 30):
+                nearest[name] = distance
+        names = {decode(name): distance / 40 for name, distance in nearest.items() if len(name) > 1}
         return names, partial
 
     def _sources(self, opened: OpenDocument, tree: ts.Tree) -> list[tuple[FileSymbols, bool]]:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import threading
 from typing import Any
 
 from lsprotocol import types
 from pygls.capabilities import ServerCapabilitiesBuilder
 from pygls.exceptions import JsonRpcException
+from pygls.io_ import StdoutWriter, run_async
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol, lsp_method
 
@@ -98,6 +101,41 @@ class BridgeServer(LanguageServer):
         self.backend: Backend | None = None
         self.completer: Completer | None = None
 
+    def start_io(self, stdin=None, stdout=None) -> None:
+        """Serve LSP over stdio, reading stdin through an asyncio pipe.
+
+        pygls reads stdin on a thread, one hop per header line and body; a pipe
+        transport saves those hops on every message (visible in the bridge's
+        latency). Falls back to pygls' reader where stdin is not a pipe.
+        """
+        stdin = stdin or sys.stdin.buffer
+        stdout = stdout or sys.stdout.buffer
+        try:
+            asyncio.run(self._serve_pipe(stdin, stdout))
+        except _NotAPipe:
+            super().start_io(stdin, stdout)
+        except (KeyboardInterrupt, SystemExit, BrokenPipeError):
+            pass
+        finally:
+            self.shutdown()
+
+    async def _serve_pipe(self, stdin, stdout) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=1 << 20)
+        try:
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
+        except (ValueError, OSError, NotImplementedError) as err:
+            raise _NotAPipe() from err
+        self._stop_event = threading.Event()
+        self.protocol.set_writer(StdoutWriter(stdout))
+        await run_async(
+            stop_event=self._stop_event,
+            reader=_PipeReader(reader),
+            protocol=self.protocol,
+            logger=logging.getLogger("pygls.io_"),
+            error_handler=self.report_server_error,
+        )
+
     def report_server_error(self, error: Exception, source) -> None:
         # Logged, not shown: a malformed message is the client's problem, not the user's.
         log.error("%s: %s", getattr(source, "__name__", source), error)
@@ -138,6 +176,29 @@ class BridgeServer(LanguageServer):
         self.protocol.notify(STATUS_NOTIFICATION, payload)
         level = types.MessageType.Info if state == "up" else types.MessageType.Warning
         self.window_log_message(types.LogMessageParams(level, f"quickdraft server {self.settings.server} is {state}"))
+
+
+class _NotAPipe(Exception):
+    pass
+
+
+class _PipeReader:
+    """The reader interface pygls' message loop wants, over an asyncio StreamReader."""
+
+    def __init__(self, reader: asyncio.StreamReader):
+        self._reader = reader
+
+    async def readline(self) -> bytes:
+        try:
+            return await self._reader.readline()
+        except ValueError:  # a "header" longer than the limit: skip it, not a header
+            return b"X-Skipped: 1\r\n"
+
+    async def readexactly(self, n: int) -> bytes:
+        try:
+            return await self._reader.readexactly(n)
+        except asyncio.IncompleteReadError as err:  # end of input
+            return err.partial
 
 
 def _changes(params: types.DidChangeTextDocumentParams) -> list[Change]:

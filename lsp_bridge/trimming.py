@@ -22,6 +22,9 @@ from quickdraft.lsp_bridge.workspace import OpenDocument
 
 # At most this share of the prefix budget goes to imports and scope headers.
 HEADER_SHARE = 0.3
+# How far from a line cut to look for a statement boundary (statements start
+# every few lines; a larger span only costs query time).
+SNAP_SPAN = 1024
 _WHITESPACE = b" \t\r\n\f\v"
 
 
@@ -177,7 +180,7 @@ def _window_start(opened: OpenDocument, tree: ts.Tree | None, offset: int, budge
     start = doc.line_starts[line] if doc.line_starts[line] >= threshold else doc.line_starts[min(line + 1, doc.line_count - 1)]
     start = min(start, line_start)
     if tree is not None and opened.spec is not None and start < line_start:
-        snapped = _statement_start_at_or_after(opened, tree, start, line_start)
+        snapped = _statement_start_at_or_after(opened, tree, start, min(line_start, start + SNAP_SPAN))
         if snapped is not None:
             start = snapped
     return start
@@ -196,7 +199,7 @@ def suffix_window(opened: OpenDocument, tree: ts.Tree | None, offset: int, budge
         return Window(doc.slice(offset, line_end), True)
     end = doc.line_starts[doc.line_of(threshold)]
     if tree is not None and opened.spec is not None and end > line_end:
-        snapped = _statement_end_at_or_before(opened, tree, line_end, end)
+        snapped = _statement_end_at_or_before(opened, tree, max(line_end, end - SNAP_SPAN), end)
         if snapped is not None and snapped >= line_end:
             end = snapped
     return Window(doc.slice(offset, max(end, line_end)), True)

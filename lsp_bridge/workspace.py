@@ -99,11 +99,13 @@ class Workspace:
         # Reparse on a worker thread after each change (the server does; tests may not).
         self.background_parse = background_parse
         self._documents: dict[str, OpenDocument] = {}
+        self._relative: dict[str, str] = {}
 
     # -- folders ---------------------------------------------------------
 
     def set_folders(self, folders: Iterable[str]) -> None:
         self.folders = [os.path.abspath(f) for f in folders if f]
+        self._relative.clear()
 
     def folder_of(self, path: str) -> str | None:
         best = None
@@ -116,10 +118,14 @@ class Workspace:
 
     def relative_path(self, path: str) -> str:
         """Path relative to its workspace folder (what the prompt shows)."""
-        folder = self.folder_of(path)
-        if folder is None:
-            return os.path.basename(path) or path
-        return os.path.relpath(path, folder).replace(os.sep, "/")
+        cached = self._relative.get(path)
+        if cached is None:
+            folder = self.folder_of(path)
+            cached = os.path.basename(path) or path if folder is None else os.path.relpath(path, folder).replace(os.sep, "/")
+            if len(self._relative) > 4096:
+                self._relative.clear()
+            self._relative[path] = cached
+        return cached
 
     def repo_name(self, path: str) -> str:
         folder = self.folder_of(path) or (self.folders[0] if self.folders else "")
