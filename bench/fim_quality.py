@@ -1,0 +1,254 @@
+"""FIM quality: the bridge's tree-sitter context against a plain prefix/suffix window.
+
+Tasks are cut from real source files: a run of 1-4 lines is removed and the
+model fills the hole at the start of the first removed line (after its
+indentation); the first removed line is the expected answer. Each task is
+asked twice, with the same token budget and generation settings:
+
+- ``tree-sitter``: the prompt the bridge builds (windows cut at syntactic
+  boundaries, enclosing headers and imports kept, repository context from
+  neighbouring files opened as editor tabs and from followed imports);
+- ``plain window``: the characters just before and after the hole (3:1), no
+  repository context.
+
+Reported: first-line exact match and edit similarity (1 - Levenshtein
+distance / longer length) of the model's first line.
+
+    python -m quickdraft.bench.fim_quality --server HOST:PORT --source-dir DIR [--tasks 200]
+    python -m quickdraft.bench.fim_quality --source-dir DIR --dry-run   # prompts only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+from dataclasses import dataclass
+
+from quickdraft.bench.lsp_common import report
+from quickdraft.client import AsyncCompletionClient, RetryPolicy, build_request
+from quickdraft.lsp_bridge.completer import make_request
+from quickdraft.lsp_bridge.context import SUFFIX_SHARE, Budget, ContextEngine
+from quickdraft.lsp_bridge.languages import canonical_id
+from quickdraft.lsp_bridge.settings import Settings
+from quickdraft.lsp_bridge.workspace import Workspace, path_to_uri
+from quickdraft.v1 import completion_pb2 as pb
+
+_SKIP_DIRS = {".git", ".hg", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", "target", ".tox"}
+_COMMENT_STARTS = ("#", "//", "/*", "*", '"""', "'''")
+MAX_FILE_BYTES = 200_000
+
+
+@dataclass
+class Task:
+    path: str
+    language: str
+    before: str  # text up to the cursor (the hole's first line's indentation included)
+    after: str  # text after the removed lines
+    expected: str  # the first removed line, without indentation
+
+
+def source_files(root: str, languages: set[str] | None) -> list[tuple[str, str]]:
+    found = []
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+        for name in sorted(files):
+            path = os.path.join(directory, name)
+            language = canonical_id("", path)
+            if language is None or (languages and language not in languages):
+                continue
+            try:
+                if 0 < os.path.getsize(path) <= MAX_FILE_BYTES:
+                    found.append((path, language))
+            except OSError:
+                continue
+    return found
+
+
+def make_tasks(files: list[tuple[str, str]], count: int, seed: int) -> list[Task]:
+    rng = random.Random(seed)
+    tasks: list[Task] = []
+    attempts = 0
+    while len(tasks) < count and files and attempts < count * 50:
+        attempts += 1
+        path, language = rng.choice(files)
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().split("\n")
+        except (OSError, UnicodeDecodeError):
+            continue
+        candidates = [
+            i
+            for i, line in enumerate(lines)
+            if len(line.strip()) >= 6 and not line.strip().startswith(_COMMENT_STARTS) and i > 0
+        ]
+        if not candidates:
+            continue
+        first = rng.choice(candidates)
+        removed = rng.randint(1, 4)
+        line = lines[first]
+        indent = line[: len(line) - len(line.lstrip())]
+        before = "\n".join(lines[:first]) + "\n" + indent
+        after = "\n" + "\n".join(lines[first + removed :])
+        tasks.append(Task(path, language, before, after, line.strip()))
+    return tasks
+
+
+def edit_similarity(a: str, b: str) -> float:
+    if not a and not b:
+        return 1.0
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return 1.0 - previous[-1] / max(len(a), len(b))
+
+
+def _neighbours(task: Task, files: list[tuple[str, str]], limit: int) -> list[str]:
+    """Files an editor would likely have open: same directory and language."""
+    directory = os.path.dirname(task.path)
+    same = [p for p, lang in files if lang == task.language and p != task.path and os.path.dirname(p) == directory]
+    return sorted(same)[:limit]
+
+
+def tree_sitter_request(task: Task, root: str, files, budget: Budget, settings: Settings, neighbours: int) -> pb.CompleteRequest:
+    ws = Workspace([root], max_file_bytes=MAX_FILE_BYTES)
+    for path in _neighbours(task, files, neighbours):
+        try:
+            with open(path, encoding="utf-8") as f:
+                ws.open(path_to_uri(path), f.read(), language_id=task.language)
+        except (OSError, UnicodeDecodeError):
+            continue
+    opened = ws.open(path_to_uri(task.path), task.before + task.after, language_id=task.language)
+    offset = len(task.before.encode("utf-8", "surrogatepass"))
+    request, _ = make_request(ws, ContextEngine(ws), opened, offset, budget, settings)
+    return request
+
+
+def plain_request(task: Task, root: str, budget: Budget, settings: Settings) -> pb.CompleteRequest:
+    suffix_chars = int(budget.chars * SUFFIX_SHARE)
+    prefix_chars = budget.chars - min(suffix_chars, len(task.after))
+    return build_request(
+        prefix=task.before[-prefix_chars:] if prefix_chars > 0 else "",
+        suffix=task.after[:suffix_chars],
+        language_id=task.language,
+        file_path=os.path.relpath(task.path, root).replace(os.sep, "/"),
+        repo_name=os.path.basename(os.path.abspath(root)),
+        latency_class="inline",
+    )
+
+
+def _single_line(request: pb.CompleteRequest, max_tokens: int) -> pb.CompleteRequest:
+    # Same generation settings in both conditions: one line, greedy.
+    request.max_tokens = max_tokens
+    del request.stop[:]
+    request.stop.append("\n")
+    return request
+
+
+def _prompt_chars(request: pb.CompleteRequest) -> int:
+    return len(request.prefix) + len(request.suffix) + sum(len(f.path) + len(f.content) for f in request.context_files)
+
+
+async def run(args: argparse.Namespace) -> dict:
+    languages = set(args.languages.split(",")) if args.languages else None
+    root = os.path.abspath(args.source_dir)
+    files = source_files(root, languages)
+    tasks = make_tasks(files, args.tasks, args.seed)
+    if not tasks:
+        raise SystemExit(f"no tasks: no usable source files under {root}")
+
+    client = None
+    budget = Budget(args.budget_tokens or 1536, args.chars_per_token or 3.5)
+    if not args.dry_run:
+        client = AsyncCompletionClient(args.server, timeout=args.timeout, retry=RetryPolicy(max_attempts=3))
+        if not args.budget_tokens:
+            info = await client.server_info()
+            budget = Budget(
+                info.limits.prompt_budget_tokens or budget.tokens, info.limits.chars_per_token or budget.chars_per_token
+            )
+    settings = Settings()
+    conditions = {"tree-sitter": [], "plain window": []}
+    prompt_chars = {name: [] for name in conditions}
+    context_files = {name: [] for name in conditions}
+    errors = {name: 0 for name in conditions}
+    per_task = []
+    for task in tasks:
+        requests = {
+            "tree-sitter": _single_line(tree_sitter_request(task, root, files, budget, settings, args.open_neighbours), args.max_tokens),
+            "plain window": _single_line(plain_request(task, root, budget, settings), args.max_tokens),
+        }
+        record = {"path": os.path.relpath(task.path, root), "expected": task.expected}
+        for name, request in requests.items():
+            prompt_chars[name].append(_prompt_chars(request))
+            context_files[name].append(len(request.context_files))
+            if client is None:
+                continue
+            try:
+                text = await client.complete(request).text()
+            except Exception as err:  # a failed request counts as a miss, and is reported
+                errors[name] += 1
+                text = ""
+                record[f"{name} error"] = str(err)[:200]
+            first = text.split("\n", 1)[0].strip()
+            conditions[name].append((first == task.expected, edit_similarity(first, task.expected)))
+            record[name] = first
+        per_task.append(record)
+    if client is not None:
+        await client.close()
+
+    rows = []
+    for name, results in conditions.items():
+        row = {
+            "condition": name,
+            "tasks": len(tasks),
+            "mean_prompt_chars": statistics.fmean(prompt_chars[name]),
+            "mean_context_files": statistics.fmean(context_files[name]),
+            "errors": errors[name],
+        }
+        if results:
+            row["exact_match"] = sum(hit for hit, _ in results) / len(results)
+            row["edit_similarity"] = statistics.fmean(sim for _, sim in results)
+        rows.append(row)
+    report(
+        f"FIM first-line quality, {len(tasks)} tasks from {root} (budget {budget.tokens} tokens)"
+        + (" [dry run: prompts only]" if args.dry_run else f" against {args.server}"),
+        rows,
+        [
+            ("condition", "condition"),
+            ("tasks", "tasks"),
+            ("exact_match", "exact match"),
+            ("edit_similarity", "edit similarity"),
+            ("mean_prompt_chars", "prompt chars"),
+            ("mean_context_files", "context files"),
+            ("errors", "errors"),
+        ],
+        args.json,
+        {"server": args.server, "source_dir": root, "budget_tokens": budget.tokens, "tasks": per_task},
+    )
+    return {"rows": rows}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--server", default="127.0.0.1:50051", help="quickdraft gRPC server HOST:PORT")
+    parser.add_argument("--source-dir", required=True, help="directory of real source files to cut tasks from")
+    parser.add_argument("--tasks", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--languages", help="comma-separated, e.g. python,go (default: all supported)")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--budget-tokens", type=int, default=0, help="default: the server's prompt budget")
+    parser.add_argument("--chars-per-token", type=float, default=0.0)
+    parser.add_argument("--open-neighbours", type=int, default=4, help="same-directory files opened as editor tabs")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    parser.add_argument("--dry-run", action="store_true", help="build the prompts, ask no server")
+    parser.add_argument("--json", default="fim_quality.json")
+    return asyncio.run(run(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""The LSP benchmarks run end to end (tiny sizes; their numbers are not checked here)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from quickdraft.bench import fim_quality, lsp_context, lsp_reparse
+
+
+def test_context_and_reparse_benchmarks_write_reports(tmp_path):
+    out = tmp_path / "context.json"
+    lsp_context.main(["--lines", "400", "--samples", "60", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["measure"] for r in rows] == ["ContextEngine.build", "gate + shape + build"]
+    assert all(r["n"] == 60 and r["p99_ms"] >= r["p50_ms"] > 0 for r in rows)
+
+    out = tmp_path / "reparse.json"
+    lsp_reparse.main(["--lines", "400", "--samples", "30", "--debounce-samples", "3", "--debounce-ms", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["measure"] == "incremental reparse" and rows[0]["n"] == 30
+
+
+async def test_fim_quality_against_the_fake_server(tmp_path, fake_server):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "shapes.py").write_text("import math\n\n\ndef area(r):\n    return math.pi * r * r\n\n\ndef double(x):\n    return x * 2\n")
+    (src / "main.py").write_text("from shapes import area\n\n\ndef report(r):\n    value = area(r)\n    return double(value)\n")
+    fake_server.fake.deltas = ["return x * 2\nextra"]
+    out = tmp_path / "fim.json"
+    await fim_quality.run(
+        argparse.Namespace(
+            server=fake_server.address, source_dir=str(src), tasks=6, seed=1, languages=None, max_tokens=16,
+            budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, dry_run=False, json=str(out),
+        )
+    )
+    report = json.loads(out.read_text())
+    by_name = {r["condition"]: r for r in report["rows"]}
+    assert set(by_name) == {"tree-sitter", "plain window"}
+    assert all(r["tasks"] == 6 and r["errors"] == 0 and 0 <= r["edit_similarity"] <= 1 for r in by_name.values())
+    assert len(fake_server.fake.requests) == 12
+    assert all(list(r.stop) == ["\n"] and r.max_tokens == 16 for r in fake_server.fake.requests)
+    assert report["budget_tokens"] == 1024  # from the server's limits
+
+
+def test_edit_similarity():
+    assert fim_quality.edit_similarity("abc", "abc") == 1.0
+    assert fim_quality.edit_similarity("abc", "abd") == 1 - 1 / 3
+    assert fim_quality.edit_similarity("", "xy") == 0.0
+    assert fim_quality.edit_similarity("", "") == 1.0
