@@ -35,7 +35,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("--tcp", metavar="HOST:PORT", type=_host_port, help="listen on TCP instead of stdio")
     parser.add_argument("--auth-token-file", default="", help="file with a bearer token for the server")
     parser.add_argument("--tls", action="store_true", help="connect to the server with TLS")
-    parser.add_argument("--debounce-ms", type=int, default=Settings.debounce_ms)
+    parser.add_argument("--debounce-ms", type=int, default=Settings.debounce_ms, help="pause before asking the model (default %(default)s)")
     parser.add_argument("--log-file", help="write logs here (default: stderr)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser

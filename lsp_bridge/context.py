@@ -82,6 +82,10 @@ class ContextEngine:
         # uri -> (import specifiers, resolved paths): resolution touches the disk.
         self._imports: dict[str, tuple[tuple, list[str]]] = {}
 
+    def forget(self, uri: str) -> None:
+        self._imports.pop(uri, None)
+        self.symbols.forget_open(uri)
+
     def build(self, opened: OpenDocument, offset: int, budget: Budget) -> Prompt:
         tree = opened.tree
         total = budget.chars

@@ -343,7 +343,7 @@ def create_server(settings: Settings | None = None) -> BridgeServer:
     def did_close(ls: BridgeServer, params: types.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
         ls.documents.close(uri)
-        ls.symbols.forget_open(uri)
+        ls.context.forget(uri)
         if ls.completer is not None:
             ls.completer.cache.forget(uri)
 

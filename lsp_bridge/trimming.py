@@ -98,17 +98,22 @@ def import_spans(opened: OpenDocument, tree: ts.Tree, before: int) -> list[Span]
 
 
 def _statement_start_at_or_after(opened: OpenDocument, tree: ts.Tree, start: int, limit: int) -> int | None:
-    """Start of the first line in [start, limit) that begins a statement."""
+    """Start of a line in [start, limit) that begins a statement: the least
+    indented such line (so the window opens on a whole definition rather than
+    on the tail of the previous one), the first of those on a tie."""
     doc = opened.doc
-    best = None
+    best: tuple[int, int] | None = None  # (indentation, line start)
     for node in captures(opened.spec, "statements", tree.root_node, (start, limit)).get("statement", []):
         s = node.start_byte
-        if s < start or s >= limit or (best is not None and s >= best):
+        if s < start or s >= limit:
             continue
         line_start = doc.line_starts[doc.line_of(s)]
-        if line_start >= start and not doc.data[line_start:s].strip():
-            best = s
-    return doc.line_starts[doc.line_of(best)] if best is not None else None
+        if line_start < start or doc.data[line_start:s].strip():
+            continue  # not the first thing on its line
+        candidate = (s - line_start, line_start)
+        if best is None or candidate < best:
+            best = candidate
+    return best[1] if best is not None else None
 
 
 def _statement_end_at_or_before(opened: OpenDocument, tree: ts.Tree, floor: int, end: int) -> int | None:
@@ -180,7 +185,7 @@ def _window_start(opened: OpenDocument, tree: ts.Tree | None, offset: int, budge
     start = doc.line_starts[line] if doc.line_starts[line] >= threshold else doc.line_starts[min(line + 1, doc.line_count - 1)]
     start = min(start, line_start)
     if tree is not None and opened.spec is not None and start < line_start:
-        snapped = _statement_start_at_or_after(opened, tree, start, min(line_start, start + SNAP_SPAN))
+        snapped = _statement_start_at_or_after(opened, tree, start, min(line_start, start + SNAP_SPAN // 2))
         if snapped is not None:
             start = snapped
     return start

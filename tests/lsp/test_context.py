@@ -327,3 +327,16 @@ def test_imported_workspace_files_are_read_from_disk(tmp_path):
     files = dict(prompt.context_files)
     assert "def area(r):" in files["geometry.py"]
     assert "perimeter" not in files["geometry.py"]
+
+
+def test_prefix_window_prefers_opening_on_a_whole_definition():
+    methods = "".join(f"    def m{i}(self):\n        a = {i}\n        return a\n\n" for i in range(30))
+    text = "class C:\n" + methods + "    def last(self):\n        "
+    _, opened = _open(text)
+    offset = len(text)
+    # Cut so that the window would open on "        return a" of some method.
+    start = text.rindex("        return a", 0, text.index("    def m25"))
+    window = prefix_window(opened, opened.tree, offset, len(text) - start + len("class C:\n"))
+    body = window.text.split("\n", 1)[1]  # after the kept "class C:" header
+    assert window.text.startswith("class C:\n")
+    assert body.startswith("    def m25(self):\n")
