@@ -92,13 +92,17 @@ def main(argv: list[str] | None = None) -> dict:
         {"measure": f"wait for the tree {args.debounce_ms} ms after the edit (background reparse)", **percentiles(wait_ms)},
         {"measure": "full parse (reference)", **percentiles(full_ms)},
     ]
+    over = {"incremental reparse": reparse_ms, "edit + reparse": combined}
     for row in rows:
+        if row["measure"] in over:
+            samples = over[row["measure"]]
+            row["share_over_target"] = sum(ms > TARGET_MS for ms in samples) / len(samples)
         row["p50_vs_target"] = row["p50_ms"] / TARGET_MS
         row["p99_vs_target"] = row["p99_ms"] / TARGET_MS
     report(
         f"One-character edit on {doc.line_count} lines of {language} (target reparse <= {TARGET_MS} ms)",
         rows,
-        [("measure", "measure"), ("n", "n"), ("p50_ms", "p50 ms"), ("p90_ms", "p90 ms"), ("p99_ms", "p99 ms"), ("max_ms", "max ms"), ("p50_vs_target", "p50 / target"), ("p99_vs_target", "p99 / target")],
+        [("measure", "measure"), ("n", "n"), ("p50_ms", "p50 ms"), ("p90_ms", "p90 ms"), ("p99_ms", "p99 ms"), ("max_ms", "max ms"), ("p50_vs_target", "p50 / target"), ("p99_vs_target", "p99 / target"), ("share_over_target", "share > target")],
         args.json,
         {"lines": doc.line_count, "language": language, "target_ms": TARGET_MS},
     )
