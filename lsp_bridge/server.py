@@ -114,9 +114,11 @@ class BridgeServer(LanguageServer):
             asyncio.run(self._serve_pipe(stdin, stdout))
         except _NotAPipe:
             super().start_io(stdin, stdout)
-        except (KeyboardInterrupt, SystemExit, BrokenPipeError):
+        except (KeyboardInterrupt, BrokenPipeError):
             pass
         finally:
+            # An "exit" notification ends in SystemExit (pygls' exit code: 0
+            # after "shutdown", 1 without), which passes through.
             self.shutdown()
 
     async def _serve_pipe(self, stdin, stdout) -> None:
