@@ -1,2 +1,148 @@
-def main():
-    print("quickdraft")
+"""The ``quickdraft`` command: serve, complete, lsp, tune, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from quickdraft.server.config import ConfigError, load_config
+
+    overrides: dict[str, str] = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            print(f"quickdraft serve: --set expects section.key=value, got {item!r}", file=sys.stderr)
+            return 2
+        overrides[key] = value
+    for flag, key in (("preset", "model.preset"), ("host", "server.host"), ("port", "server.port"), ("metrics_port", "telemetry.metrics_port"), ("http_port", "http.port")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[key] = value
+    if args.http:
+        overrides["http.enabled"] = "true"
+    if args.controller:
+        overrides["controller.enabled"] = "true"
+    try:
+        cfg = load_config(args.config, overrides=overrides)
+        cfg.validate()
+    except ConfigError as e:
+        print(f"quickdraft serve: configuration error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=cfg.server.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from quickdraft.server.grpc_server import QuickdraftServer
+
+    return asyncio.run(QuickdraftServer(cfg).serve_forever())
+
+
+def _split_location(spec: str) -> tuple[str, str]:
+    """FILE:LINE:COL (1-based, column in characters) -> (prefix, suffix)."""
+    path, line, col = spec.rsplit(":", 2)
+    text = Path(path).read_text()
+    lines = text.splitlines(keepends=True)
+    ln, cn = int(line), int(col)
+    if not 1 <= ln <= len(lines) + 1:
+        raise ValueError(f"{spec}: line {ln} is outside 1..{len(lines) + 1}")
+    offset = sum(len(x) for x in lines[: ln - 1])
+    current = lines[ln - 1] if ln <= len(lines) else ""
+    if not 1 <= cn <= len(current.rstrip("\n")) + 1:
+        raise ValueError(f"{spec}: column {cn} is outside 1..{len(current.rstrip(chr(10))) + 1}")
+    offset += cn - 1
+    return text[:offset], text[offset:]
+
+
+def _complete(args: argparse.Namespace) -> int:
+    import grpc
+
+    from quickdraft.client import CompletionClient
+
+    if args.location == "-":
+        prefix, suffix = sys.stdin.read(), None
+        path = ""
+    else:
+        try:
+            prefix, suffix = _split_location(args.location)
+        except (ValueError, OSError) as e:
+            print(f"quickdraft complete: {e}", file=sys.stderr)
+            return 2
+        path = args.location.rsplit(":", 2)[0]
+    token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("QUICKDRAFT_AUTH_TOKEN")
+    fields = dict(prefix=prefix, suffix=suffix, file_path=path, max_tokens=args.max_tokens, latency_class=args.latency_class)
+    if args.temperature is not None:
+        fields["temperature"] = args.temperature
+    with CompletionClient(args.server, token=token, timeout=args.timeout) as client:
+        try:
+            stream = client.complete(**fields)
+            pieces = []
+            for text in stream:
+                pieces.append(text)
+                if not args.json:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+        except grpc.RpcError as e:
+            print(f"\nquickdraft complete: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    if args.json:
+        from google.protobuf.json_format import MessageToDict
+
+        print(json.dumps({"text": "".join(pieces), **MessageToDict(stream.final, preserving_proto_field_name=True)}, indent=2))
+    else:
+        sys.stdout.write("\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quickdraft", description="Code completions with speculative decoding, for editors.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="start the gRPC server (embedded model by default)")
+    p.add_argument("--config", help="TOML configuration file")
+    p.add_argument("--preset", help="embedded, qwen3-coder-30b-p-eagle, gpt-oss-20b-p-eagle, gpt-oss-120b-p-eagle, custom")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="gRPC port (default 50051)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus port (default 9464, 0 = off)")
+    p.add_argument("--http", action="store_true", help="also serve the OpenAI-compatible HTTP API")
+    p.add_argument("--http-port", type=int, help="HTTP API port (default 8000)")
+    p.add_argument("--controller", action="store_true", help="let the adaptive controller pick K and the drafting mode")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="any config setting, repeatable")
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser("complete", help="stream a completion at FILE:LINE:COL (or '-' for stdin) to the terminal")
+    p.add_argument("location", help="FILE:LINE:COL (1-based) or - to read the prefix from stdin")
+    p.add_argument("--server", default="127.0.0.1:50051")
+    p.add_argument("--max-tokens", type=int, default=0)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--latency-class", default="inline", choices=["inline", "chat", "batch"])
+    p.add_argument("--timeout", type=float, default=30.0, help="deadline in seconds")
+    p.add_argument("--token-file", help="file with the server's bearer token (default: $QUICKDRAFT_AUTH_TOKEN)")
+    p.add_argument("--json", action="store_true", help="print text, timings and speculative figures as JSON")
+    p.set_defaults(func=_complete)
+
+    from quickdraft.lsp_bridge import cli as lsp_cli
+
+    lsp_cli.add_subparser(sub)
+
+    try:
+        from quickdraft.bench import cli as bench_cli
+
+        bench_cli.add_subparsers(sub)
+    except ImportError:
+        pass
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -64,22 +64,35 @@ class CodeContext:
     context_files: Sequence[tuple[str, str]] = ()
 
 
-def render(ctx: CodeContext) -> str:
-    """The prompt text (special tokens as their strings) for a completion request."""
-    repo = bool(ctx.context_files or ctx.repo_name)
-    parts: list[str] = []
-    if repo:
-        parts.append(f"{REPO_NAME}{ctx.repo_name}\n")
+Segment = tuple[bool, str]
+"""(is_special_token, text): special segments are one control token each."""
+
+
+def segments(ctx: CodeContext, prompt_format: str = FORMAT_NAME) -> list[Segment]:
+    """The prompt as alternating text and control tokens.
+
+    Kept as segments so the server can tokenize user text with special-token
+    parsing off: code that contains "<|endoftext|>" stays text.
+    ``prompt_format="plain"`` (models without FIM tokens) sends the prefix alone.
+    """
+    if prompt_format == "plain":
+        return [(False, ctx.prefix)]
+    out: list[Segment] = []
+    if ctx.context_files or ctx.repo_name:
+        out += [(True, REPO_NAME), (False, f"{ctx.repo_name}\n")]
         for path, content in ctx.context_files:
-            parts.append(f"{FILE_SEP}{path}\n{content}")
-            if not content.endswith("\n"):
-                parts.append("\n")
-        parts.append(f"{FILE_SEP}{ctx.file_path}\n")
+            out += [(True, FILE_SEP), (False, f"{path}\n{content}" + ("" if content.endswith("\n") else "\n"))]
+        out += [(True, FILE_SEP), (False, f"{ctx.file_path}\n")]
     if ctx.suffix is None:
-        parts.append(ctx.prefix)
+        out.append((False, ctx.prefix))
     else:
-        parts.append(f"{FIM_PREFIX}{ctx.prefix}{FIM_SUFFIX}{ctx.suffix}{FIM_MIDDLE}")
-    return "".join(parts)
+        out += [(True, FIM_PREFIX), (False, ctx.prefix), (True, FIM_SUFFIX), (False, ctx.suffix), (True, FIM_MIDDLE)]
+    return [seg for seg in out if seg[0] or seg[1]]
+
+
+def render(ctx: CodeContext, prompt_format: str = FORMAT_NAME) -> str:
+    """The prompt text, special tokens written as their strings."""
+    return "".join(text for _, text in segments(ctx, prompt_format))
 
 
 def render_chat(messages: Sequence[tuple[str, str]]) -> str:

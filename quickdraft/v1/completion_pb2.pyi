@@ -90,7 +90,7 @@ class SpeculativeStats(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., parallel_drafting: _Optional[bool] = ..., num_speculative_tokens: _Optional[int] = ..., num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., mean_acceptance_length: _Optional[float] = ...) -> None: ...
 
 class CompleteFinal(_message.Message):
-    __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "speculative", "request_id", "prompt_truncated")
+    __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "speculative", "request_id")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -99,7 +99,6 @@ class CompleteFinal(_message.Message):
     E2E_MS_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
@@ -108,8 +107,7 @@ class CompleteFinal(_message.Message):
     e2e_ms: float
     speculative: SpeculativeStats
     request_id: str
-    prompt_truncated: bool
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., speculative: _Optional[_Union[SpeculativeStats, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_truncated: _Optional[bool] = ...) -> None: ...
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., speculative: _Optional[_Union[SpeculativeStats, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CompleteResponse(_message.Message):
     __slots__ = ("text", "final")

@@ -1,0 +1,6 @@
+import sys
+
+from quickdraft.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,673 @@
+"""The adaptive speculation controller: observe, decide, report.
+
+Deterministic given its inputs and clock; no threads, no I/O (profiles are
+read and written by ``profile.ProfileStore`` when the server asks).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from .decision import Action, Decision, DecisionLog
+from .estimator import Estimator, Prediction
+from .load import LoadTracker
+from .observation import LATENCY_CLASSES, EngineSnapshot, Observation
+from .settings import ControllerSettings
+from .spec import AUTOREGRESSIVE, OFF, PARALLEL, SPEC_MODES, KSchedule, Mode, SpecConfig
+
+log = logging.getLogger(__name__)
+
+PROFILE_SCHEMA = 1
+
+
+@dataclass
+class _Probe:
+    config: SpecConfig
+    schedule: KSchedule
+    incumbent_tpot_s: float | None
+    started_at: float | None = None  # None until the server applied it
+    requests: int = 0
+    regret_s: float = 0.0
+
+
+@dataclass
+class _ModePlan:
+    mode: Mode
+    schedule: KSchedule | None
+    prediction: Prediction  # at the current load
+
+    @property
+    def config(self) -> SpecConfig:
+        return self.prediction.config
+
+
+class Controller:
+    """Chooses drafting mode, K and a per-batch-size K schedule.
+
+    Call :meth:`observe` per finished request, :meth:`observe_engine` with
+    engine gauges, :meth:`decide` every few seconds; act on non-"hold"
+    decisions and confirm with :meth:`applied` / :meth:`apply_failed`.
+    """
+
+    def __init__(
+        self,
+        settings: ControllerSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        profile_path: str = "",
+    ) -> None:
+        self.settings = settings or ControllerSettings()
+        self.clock = clock
+        self.profile_path = profile_path
+        st = self.settings
+        self.estimator = Estimator(st)
+        self.load = LoadTracker(st.load)
+        self.decisions = DecisionLog(st.history_size)
+        self.events: deque[dict] = deque(maxlen=32)
+        now = clock()
+        self._started_at = now
+        self._schedule: KSchedule | None = None
+        self._set_active(st.initial, None)
+        self._last_good: tuple[SpecConfig, KSchedule | None] = (st.initial, self._schedule)
+        self._last_switch_at = now
+        self._last_switch_decided_at = now
+        self._pending: Decision | None = None
+        self._pending_since = now
+        self._streak_key: tuple | None = None
+        self._streak_count = 0
+        self._streak_since = now
+        self._probe: _Probe | None = None
+        self._bank = st.exploration.initial_allowance_s
+        self._share = st.exploration.max_share
+        self._last_accrual = now
+        self._explore_spent_s = 0.0
+        self._explore_regret_s = 0.0
+        self._probes = 0
+        self._k_cap: int | None = None
+        self._last_pressure_at = -math.inf
+        self._kv_low_since: float | None = None
+        self._preempted = 0
+        self._spec_blocked_until = -math.inf
+        self._fallback_reason = ""
+        self._cooldown: dict[SpecConfig, float] = {}
+        self._last_load_change_at = -math.inf
+        self._notes: list[str] = []  # events to mention in the next decision
+        self.engine_rebuilds = 0
+        self.switches = 0
+        self.observations = 0
+
+    # ------------------------------------------------------------------ inputs
+    def observe(self, obs: Observation, now: float | None = None) -> None:
+        """Record one finished request. Cheap: counters and windows only."""
+        now = self.clock() if now is None else now
+        self.observations += 1
+        self.estimator.observe(obs)
+        self.load.observe_request(obs.batch_size, now)
+        p = self._probe
+        if p is not None and p.started_at is not None and obs.config == p.config:
+            p.requests += 1
+            if p.incumbent_tpot_s is not None and obs.output_tokens > 1:
+                p.regret_s += max(0.0, obs.tpot_s - p.incumbent_tpot_s) * (obs.output_tokens - 1)
+
+    def observe_engine(self, snap: EngineSnapshot, now: float | None = None) -> None:
+        """Record engine gauges (running/waiting requests, KV-cache usage)."""
+        now = self.clock() if now is None else now
+        self.load.observe_snapshot(snap, now)
+        self._preempted += snap.preemptions
+
+    def activate(self, config: SpecConfig, schedule: KSchedule | None = None, *,
+                 now: float | None = None, rebuilt: bool = False) -> None:
+        """Tell the controller what the engine runs (at start, or after a change
+        the controller did not propose)."""
+        now = self.clock() if now is None else now
+        self._set_active(config, schedule)
+        self._last_switch_at = now
+        self._pending = None
+        self._probe = None
+        if rebuilt:
+            self.engine_rebuilds += 1
+
+    def applied(self, decision: Decision, *, now: float | None = None, rebuilt: bool = True) -> None:
+        """The engine now runs ``decision``'s target (``rebuilt``: it took a new engine)."""
+        now = self.clock() if now is None else now
+        if self._pending is not decision:
+            log.warning("applied() for a decision that is not pending: %s", decision.reason)
+        self._pending = None
+        self._set_active(decision.target, decision.schedule)
+        self._last_switch_at = now
+        self.switches += 1
+        if rebuilt:
+            self.engine_rebuilds += 1
+        if decision.action == "explore" and self._probe is not None:
+            self._probe.started_at = now
+        elif decision.action == "switch" or (decision.action == "fallback" and not decision.target.enabled):
+            self._last_good = (self._active_config_base(), self._schedule)
+
+    def apply_failed(self, decision: Decision, error: str = "", *, now: float | None = None) -> None:
+        """The switch could not be made; the old engine still serves."""
+        now = self.clock() if now is None else now
+        self._pending = None
+        if decision.action == "explore":
+            self._probe = None
+        self._cooldown[decision.target] = now + self.settings.hysteresis.failed_config_cooldown_s
+        self._event(now, "apply_failed", f"could not switch to {decision.target.label()}: {error}")
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def active_schedule(self) -> KSchedule | None:
+        """Schedule of the running engine; None when speculation is off."""
+        return self._schedule
+
+    def active_config(self, batch: float | None = None) -> SpecConfig:
+        """Config in effect at ``batch`` running requests (default: the current load)."""
+        if self._schedule is None:
+            return SpecConfig.off()
+        return self._schedule.config_at(self.load.current if batch is None else batch)
+
+    def start_config(self) -> tuple[SpecConfig, KSchedule | None]:
+        """What to build the first engine with: the profile's last good config
+        if one was loaded, else ``settings.initial``."""
+        return self._last_good
+
+    @property
+    def pending(self) -> Decision | None:
+        return self._pending
+
+    # ---------------------------------------------------------------- decide
+    def decide(self, now: float | None = None) -> Decision:
+        """Refit lazily and decide. Call every few seconds (e.g. 1-2 s)."""
+        now = self.clock() if now is None else now
+        st = self.settings
+        self._accrue(now)
+        load = self.load.current
+
+        change = self.load.detect_change(now)
+        if change is not None:
+            self._last_load_change_at = now
+            self._reset_streak(now)
+            self._event(now, "load_change", f"load {change.before:.1f} -> {change.after:.1f} running requests")
+        mode = self._mode
+        if mode != OFF:
+            shift = self.estimator.acceptance.detect_shift(mode)
+            if shift is not None:
+                self.estimator.acceptance.forget(st.acceptance.shift_keep)
+                self.estimator.invalidate()
+                self._reset_streak(now)
+                self._event(now, "acceptance_shift",
+                            f"{mode} position-1 acceptance {shift.recent_rate:.2f} recently vs "
+                            f"{shift.long_rate:.2f} before; old acceptance data down-weighted")
+
+        if not st.enabled:
+            return self._hold(now, load, "disabled", "controller disabled by settings")
+
+        if self._pending is not None:
+            if now - self._pending_since > st.hysteresis.pending_timeout_s:
+                d = self._pending
+                self._pending = None
+                if d.action == "explore":
+                    self._probe = None
+                self._event(now, "pending_timeout", f"switch to {d.target.label()} not confirmed; dropped")
+            else:
+                return self._hold(now, load, "pending", f"waiting for the engine to run {self._pending.target.label()}")
+
+        d = self._check_collapse(now, load)
+        if d is None:
+            d = self._check_kv(now, load)
+        if d is not None:
+            return d
+
+        self.estimator.refit()
+        if not self.estimator.ready:
+            return self._hold(now, load, "no_data", "no measurements yet")
+
+        after_probe = False
+        p = self._probe
+        if p is not None and p.started_at is not None:
+            elapsed = now - p.started_at
+            ex = st.exploration
+            if not ((p.requests >= ex.min_requests and elapsed >= ex.min_s) or elapsed >= ex.max_s):
+                return self._hold(now, load, "probe_running",
+                                  f"probing {p.config.label()}: {p.requests}/{ex.min_requests} requests, {elapsed:.0f} s")
+            self._finish_probe(now)
+            after_probe = True
+
+        return self._optimise(now, load, after_probe)
+
+    # ------------------------------------------------------------ the policy
+    def _optimise(self, now: float, load: float, after_probe: bool) -> Decision:
+        st = self.settings
+        hy = st.hysteresis
+        plans = self._plans(now, load)
+        active = self._active_plan(load)
+        trusted = [pl for pl in plans if self._trusted(pl.mode) or pl.mode == active.mode]
+        best = _pick(trusted) if trusted else active
+        a_pred, b_pred = active.prediction, best.prediction
+        a_tpot, b_tpot = a_pred.tpot_s, b_pred.tpot_s
+        same = best.mode == active.mode and best.config == active.config
+        gain = 0.0 if (a_tpot is None or b_tpot is None) else (a_tpot - b_tpot) / a_tpot
+        slo_fix = not a_pred.feasible and b_pred.feasible
+        probe_note = ""
+        if after_probe and self._last_probe_summary:
+            probe_note = self._last_probe_summary + "; "
+
+        if same or a_tpot is None or b_tpot is None or (gain <= 0 and not slo_fix):
+            self._reset_streak(now)
+            runner = _pick([pl for pl in trusted if pl.mode != best.mode]) if len(trusted) > 1 else None
+            extra = (f"; next best {runner.config.label()} {_ms(runner.prediction.tpot_s)}"
+                     if runner is not None and runner.prediction.tpot_s is not None else "")
+            d = self._hold(now, load, "probe_kept" if after_probe else "best",
+                           f"{probe_note}{active.config.label()} is predicted best at load {load:.1f} "
+                           f"(TPOT {_ms(a_tpot)}){extra}", plan=active)
+            return self._maybe_explore(now, load, d, active, plans)
+
+        if gain >= hy.margin or slo_fix:
+            key = (best.mode, best.config.k)
+            if self._streak_key != key:
+                self._streak_key, self._streak_count, self._streak_since = key, 0, now
+            self._streak_count += 1
+            why = (f"{best.config.label()} meets the TTFT SLO and {active.config.label()} does not"
+                   if slo_fix else
+                   f"{best.config.label()} predicted {gain:.0%} faster than {active.config.label()} "
+                   f"at load {load:.1f} (TPOT {_ms(b_tpot)} vs {_ms(a_tpot)})")
+            if after_probe:
+                return self._emit("switch", now, load, best, gain, probe_note + why, "probe_done", active)
+            if self._streak_count < hy.sustain_decisions or now - self._streak_since < hy.sustain_s:
+                return self._hold(now, load, "sustaining",
+                                  f"{why}; sustained {self._streak_count}/{hy.sustain_decisions} decisions", plan=active)
+            # a load change since the last switch is not noise: a shorter dwell applies
+            dwell = hy.min_dwell_s
+            if self._last_load_change_at > self._last_switch_decided_at:
+                dwell = min(dwell, hy.min_dwell_after_load_change_s)
+            if now - self._last_switch_at < dwell:
+                return self._hold(now, load, "dwell",
+                                  f"{why}; last switch {now - self._last_switch_at:.0f} s ago "
+                                  f"(min dwell {dwell:.0f} s)", plan=active)
+            return self._emit("switch", now, load, best, gain, why, "slo" if slo_fix else "better", active)
+
+        self._reset_streak(now)
+        d = self._hold(now, load, "probe_kept" if after_probe else "within_margin",
+                       f"{probe_note}{best.config.label()} predicted {gain:.1%} faster than "
+                       f"{active.config.label()}, below the {hy.margin:.0%} margin", plan=active)
+        return self._maybe_explore(now, load, d, active, plans)
+
+    def _maybe_explore(self, now: float, load: float, hold: Decision, active: _ModePlan,
+                       plans: list[_ModePlan]) -> Decision:
+        st = self.settings
+        ex = st.exploration
+        if (not ex.enabled or self._k_cap is not None or self._probe is not None
+                or now - self._last_switch_at < st.hysteresis.min_dwell_s
+                or now - self._last_load_change_at < ex.stable_load_s
+                or active.prediction.tpot_s is None):
+            return hold
+        planned_cost = 2 * ex.rebuild_cost_s + ex.min_s
+        if self._bank < planned_cost:
+            return hold
+        a_tpot = active.prediction.tpot_s
+        best_cfg, best_opt, best_pred = None, None, None
+        for cfg in st.candidates:
+            if cfg == active.config or self._banned(cfg, now):
+                continue
+            pred = self.estimator.predict(cfg, load)
+            if pred.tpot_optimistic_s is None or not pred.feasible:
+                continue
+            if self._trusted(cfg.mode) and pred.samples >= ex.min_requests:
+                continue  # measured near this load already: the model's word stands
+            opt = pred.tpot_optimistic_s * (1.0 - ex.optimism / math.sqrt(1.0 + pred.samples))
+            if opt < a_tpot * (1.0 - st.hysteresis.margin) and (best_opt is None or opt < best_opt):
+                best_cfg, best_opt, best_pred = cfg, opt, pred
+        if best_cfg is None:
+            return hold
+        sched = KSchedule.uniform(best_cfg, st.schedule.max_batch)
+        self._probe = _Probe(best_cfg, sched, a_tpot)
+        self._bank -= 2 * ex.rebuild_cost_s
+        self._explore_spent_s += 2 * ex.rebuild_cost_s
+        self._probes += 1
+        self._share = max(ex.min_share, self._share * ex.share_decay)
+        gain = (a_tpot - best_pred.tpot_s) / a_tpot if best_pred.tpot_s else 0.0
+        plan = _ModePlan(best_cfg.mode, sched, best_pred)
+        return self._emit(
+            "explore", now, load, plan, gain,
+            f"probing {best_cfg.label()}: {best_pred.samples:.0f} requests near load {load:.1f}, "
+            f"optimistic TPOT {_ms(best_opt)} vs {_ms(a_tpot)} now (model {_ms(best_pred.tpot_s)}); "
+            f"exploration budget {self._bank:.0f} s left", "explore", active)
+
+    def _finish_probe(self, now: float) -> None:
+        p = self._probe
+        assert p is not None and p.started_at is not None
+        elapsed = now - p.started_at
+        self._bank -= elapsed
+        self._explore_spent_s += elapsed
+        self._explore_regret_s += p.regret_s
+        measured = self.estimator.predict(p.config, self.load.current)
+        self._last_probe_summary = (f"probe of {p.config.label()} done after {p.requests} requests "
+                                    f"(model now {_ms(measured.tpot_s)})")
+        self._event(now, "probe_done", self._last_probe_summary, note=False)
+        self._probe = None
+
+    _last_probe_summary = ""
+
+    # ------------------------------------------------------------ fallbacks
+    def _check_collapse(self, now: float, load: float) -> Decision | None:
+        fb = self.settings.fallback
+        mode = self._mode
+        if mode == OFF:
+            return None
+        length, drafts, reqs = self.estimator.acceptance.recent_acceptance_length(mode)
+        if drafts < fb.collapse_min_drafts or reqs < fb.collapse_min_requests or length >= fb.collapse_acceptance_length:
+            return None
+        self._spec_blocked_until = now + fb.collapse_cooldown_s
+        self._fallback_reason = (
+            f"acceptance collapsed: {mode} mean accepted length {length:.2f} tokens/step over {drafts} "
+            f"drafts in {reqs} requests (threshold {fb.collapse_acceptance_length:.2f}); speculation off "
+            f"for {fb.collapse_cooldown_s:.0f} s")
+        self.estimator.acceptance.clear_recent()  # judge any retry on fresh data only
+        self._probe = None
+        self._k_cap = None
+        active = self._active_plan(load)
+        off = _ModePlan(OFF, None, self.estimator.predict(SpecConfig.off(), load))
+        gain = _gain(active.prediction.tpot_s, off.prediction.tpot_s)
+        return self._emit("fallback", now, load, off, gain, self._fallback_reason, "acceptance_collapse", active)
+
+    def _check_kv(self, now: float, load: float) -> Decision | None:
+        fb = self.settings.fallback
+        tr = self.load
+        if not tr.snapshots_fresh(now):
+            return None
+        kv = tr.kv_usage
+        preempted, self._preempted = self._preempted, 0
+        if kv < fb.kv_low:
+            self._kv_low_since = self._kv_low_since if self._kv_low_since is not None else now
+            if self._k_cap is not None and now - self._kv_low_since >= fb.kv_release_s:
+                ks = sorted({c.k for c in self.settings.candidates if c.enabled})
+                higher = [k for k in ks if k > self._k_cap]
+                old = self._k_cap
+                self._k_cap = higher[0] if higher and higher[0] < ks[-1] else None
+                self._kv_low_since = now
+                self._event(now, "kv_release", f"KV cache below {fb.kv_low:.0%} for {fb.kv_release_s:.0f} s: "
+                            f"K cap {old} -> {self._k_cap if self._k_cap is not None else 'none'}")
+            return None
+        self._kv_low_since = None
+        if kv < fb.kv_high and not preempted:
+            return None
+        k_now = self._schedule.k_for(load) if self._schedule is not None else 0
+        if k_now <= 0:
+            return None
+        if now - self._last_pressure_at < fb.pressure_min_interval_s and kv < fb.kv_critical:
+            return None
+        lower = [c.k for c in self.settings.candidates if c.enabled and c.parallel == self._schedule.parallel and c.k < k_now]
+        new_cap = max(lower) if lower else 0
+        self._k_cap = new_cap if self._k_cap is None else min(self._k_cap, new_cap)
+        self._last_pressure_at = now
+        self._probe = None
+        active = self._active_plan(load)
+        sched = self._schedule.capped(new_cap)
+        cfg = sched.config_at(load) if sched is not None else SpecConfig.off()
+        plan = _ModePlan(cfg.mode, sched, self.estimator.predict(cfg, load))
+        what = f"KV cache {kv:.0%}" + (f", {preempted} preemptions" if preempted else "")
+        self._fallback_reason = (f"{what} (limit {fb.kv_high:.0%}): reducing K {k_now} -> {new_cap}"
+                                 + (" (speculation off)" if new_cap == 0 else ""))
+        return self._emit("fallback", now, load, plan, _gain(active.prediction.tpot_s, plan.prediction.tpot_s),
+                          self._fallback_reason, "kv_pressure", active)
+
+    # ------------------------------------------------------------ planning
+    def _plans(self, now: float, load: float) -> list[_ModePlan]:
+        est = self.estimator
+        banned = frozenset(c for c in self.settings.candidates if self._banned(c, now))
+        out = [_ModePlan(OFF, None, est.predict(SpecConfig.off(), load))]
+        for parallel in (False, True):
+            sched = est.best_schedule(parallel, k_cap=self._k_cap, banned=banned)
+            if sched is None:
+                continue
+            cfg = sched.config_at(load)
+            if not cfg.enabled:  # K=0 at this load inside a speculative engine
+                pred = est._off_in_mode(parallel, load)
+            else:
+                pred = est.predict(cfg, load)
+            out.append(_ModePlan(cfg.mode if cfg.enabled else (PARALLEL if parallel else AUTOREGRESSIVE), sched, pred))
+        return out
+
+    def _active_plan(self, load: float) -> _ModePlan:
+        cfg = self.active_config(load)
+        if self._schedule is not None and not cfg.enabled:
+            pred = self.estimator._off_in_mode(self._schedule.parallel, load)
+        else:
+            pred = self.estimator.predict(cfg, load)
+        return _ModePlan(self._mode, self._schedule, pred)
+
+    def _banned(self, cfg: SpecConfig, now: float) -> bool:
+        if cfg.enabled and now < self._spec_blocked_until:
+            return True
+        if self._k_cap is not None and cfg.k > self._k_cap:
+            return True
+        return self._cooldown.get(cfg, -math.inf) > now
+
+    def _trusted(self, mode: Mode) -> bool:
+        ex = self.settings.exploration
+        if not ex.enabled:
+            return True  # without probes the model's word is all there is
+        return self.estimator.step.samples(mode) >= ex.min_samples_trusted
+
+    # ------------------------------------------------------------ helpers
+    @property
+    def _mode(self) -> Mode:
+        if self._schedule is None:
+            return OFF
+        return PARALLEL if self._schedule.parallel else AUTOREGRESSIVE
+
+    def _set_active(self, config: SpecConfig, schedule: KSchedule | None) -> None:
+        if schedule is None and config.enabled:
+            schedule = KSchedule.uniform(config, self.settings.schedule.max_batch)
+        if schedule is not None and config.enabled and schedule.parallel != config.parallel:
+            raise ValueError(f"schedule {schedule.label()} does not match config {config.label()}")
+        self._schedule = schedule if (config.enabled or schedule is not None) else None
+
+    def _active_config_base(self) -> SpecConfig:
+        if self._schedule is None:
+            return SpecConfig.off()
+        return SpecConfig(self._schedule.parallel, self._schedule.max_k)
+
+    def _accrue(self, now: float) -> None:
+        ex = self.settings.exploration
+        dt = max(0.0, now - self._last_accrual)
+        self._last_accrual = max(self._last_accrual, now)
+        self._bank = min(ex.bank_cap_s, self._bank + self._share * dt)
+
+    def _reset_streak(self, now: float) -> None:
+        self._streak_key, self._streak_count, self._streak_since = None, 0, now
+
+    def _event(self, now: float, kind: str, detail: str, *, note: bool = True) -> None:
+        self.events.append({"unix_time": now, "kind": kind, "detail": detail})
+        if note:  # also prefix the next decision's reason, so the log says why
+            self._notes.append(detail)
+        log.info("controller %s: %s", kind, detail)
+
+    def _hold(self, now: float, load: float, code: str, reason: str, *, plan: _ModePlan | None = None) -> Decision:
+        cur = self.active_config(load)
+        tpot = plan.prediction.tpot_s if plan is not None else None
+        return self._record(Decision("hold", cur, cur, self._schedule, 0.0, self._with_notes(reason), code,
+                                     now, load, tpot, tpot))
+
+    def _emit(self, action: Action, now: float, load: float, plan: _ModePlan, gain: float,
+              reason: str, code: str, active: _ModePlan) -> Decision:
+        target = plan.config if plan.schedule is None else plan.schedule.config_at(load)
+        d = Decision(action, active.config, target, plan.schedule, gain, self._with_notes(reason), code,
+                     now, load, plan.prediction.tpot_s, active.prediction.tpot_s)
+        self._pending = d
+        self._pending_since = now
+        self._last_switch_decided_at = now
+        self._reset_streak(now)
+        log.info("controller %s: %s", action, d.reason)
+        return self._record(d)
+
+    def _with_notes(self, reason: str) -> str:
+        if not self._notes:
+            return reason
+        notes, self._notes = self._notes, []
+        return "; ".join(notes) + "; " + reason
+
+    def _record(self, d: Decision) -> Decision:
+        self.decisions.add(d)
+        return d
+
+    # ------------------------------------------------------------ reporting
+    def candidates(self, load: float | None = None) -> list[Prediction]:
+        """Predictions for every candidate config at ``load`` (default: current)."""
+        load = self.load.current if load is None else load
+        self.estimator.refit()
+        return [self.estimator.predict(c, load) for c in self.settings.candidates]
+
+    def recommend(self, load: float) -> tuple[SpecConfig, KSchedule | None, Prediction]:
+        """The model's pick at ``load`` ignoring hysteresis, trust and budgets
+        (used by the calibration sweep and tests)."""
+        self.estimator.refit()
+        now = self.clock()
+        best = _pick(self._plans(now, load))
+        return best.config, best.schedule, best.prediction
+
+    def state(self, *, decisions: int = 16) -> dict:
+        """Plain dict for the GetControllerState RPC (keys follow the proto's
+        ControllerState; extra keys carry detail for logs and debugging)."""
+        now = self.clock()
+        load = self.load.current
+        est = self.estimator
+        est.refit()
+        sched = self._schedule
+        cfg = self.active_config(load)
+        cands = []
+        for p in (est.predict(c, load) for c in self.settings.candidates) if est.ready else ():
+            cands.append(_candidate_dict(p, self.settings))
+        if not est.ready:
+            cands = [{"config": c.label(), "parallel_drafting": c.parallel, "num_speculative_tokens": c.k,
+                      "samples": 0} for c in self.settings.candidates]
+        acc = {}
+        for m in SPEC_MODES:
+            pos = est.acceptance.positions(m)
+            acc[m] = {
+                "conditional": [round(p.mean, 4) for p in pos],
+                "conditional_low": [round(p.low, 4) for p in pos],
+                "conditional_high": [round(p.high, 4) for p in pos],
+                "marginal": [round(v, 4) for v in est.acceptance.marginal(m)],
+                "trials": [round(p.trials, 1) for p in pos],
+            }
+        shown_mode = self._mode if self._mode != OFF else AUTOREGRESSIVE
+        shown_k = sched.max_k if sched is not None else 7
+        fit = est.step.fit()
+        ttft_fit = est.ttft.fit(est._step_fn) if fit is not None else None
+        probe = self._probe
+        return {
+            "enabled": self.settings.enabled,
+            "active": {
+                "config": cfg.label(),
+                "method": "eagle3" if sched is not None else "",
+                "parallel_drafting": sched.parallel if sched is not None else False,
+                "num_speculative_tokens": sched.max_k if sched is not None else 0,
+                "per_batch_size": ([{"min_batch_size": a, "max_batch_size": b, "num_speculative_tokens": k}
+                                    for a, b, k in sched.ranges] if sched is not None else []),
+                "schedule": sched.label() if sched is not None else "off",
+            },
+            "candidates": cands,
+            "decisions": [d.to_dict() for d in self.decisions.last(decisions)],
+            "acceptance_per_position": acc[shown_mode]["marginal"][:shown_k],
+            "running_requests": round(load, 3),
+            "profile_path": self.profile_path,
+            "engine_rebuilds": self.engine_rebuilds,
+            # extras
+            "acceptance": acc,
+            "step_model": fit.as_dict() if fit is not None else None,
+            "ttft_model": (None if ttft_fit is None else {
+                "intercept_s": ttft_fit.intercept, "kappa": ttft_fit.kappa,
+                "residual_quantile_s": ttft_fit.resid_q, "samples": ttft_fit.samples}),
+            "slo_ttft_s": dict(self.settings.slo.ttft_s),
+            "load": {"current": round(load, 3), "reference": round(self.load.slow or load, 3),
+                     "kv_cache_usage": self.load.kv_usage, "waiting": self.load.waiting},
+            "fallback": {"k_cap": self._k_cap,
+                         "speculation_blocked_for_s": max(0.0, self._spec_blocked_until - now),
+                         "reason": self._fallback_reason},
+            "exploration": {"bank_s": round(self._bank, 2), "share": round(self._share, 4),
+                            "spent_s": round(self._explore_spent_s, 2),
+                            "regret_s": round(self._explore_regret_s, 4), "probes": self._probes,
+                            "probe": None if probe is None else {
+                                "config": probe.config.label(), "requests": probe.requests,
+                                "started": probe.started_at is not None}},
+            "pending": None if self._pending is None else self._pending.to_dict(),
+            "last_good": (self._last_good[1].label() if self._last_good[1] is not None
+                          else self._last_good[0].label()),
+            "switches": self.switches,
+            "observations": self.observations,
+            "events": list(self.events),
+        }
+
+    # ------------------------------------------------------------ profiles
+    def profile_dict(self) -> dict:
+        """Everything a restart needs: last good config and the models' data."""
+        cfg, sched = self._last_good
+        return {
+            "schema": PROFILE_SCHEMA,
+            "saved_at": self.clock(),
+            "config": cfg.label(),
+            "schedule": sched.to_dict() if sched is not None else None,
+            "acceptance": self.estimator.acceptance.to_dict(),
+            "step_model": self.estimator.step.to_dict(),
+            "ttft": self.estimator.ttft.to_dict(),
+        }
+
+    def restore(self, profile: dict) -> None:
+        """Load a profile (raises ValueError if it is unusable; nothing changes then)."""
+        if not isinstance(profile, dict) or profile.get("schema") != PROFILE_SCHEMA:
+            raise ValueError(f"profile schema {profile.get('schema') if isinstance(profile, dict) else None!r} "
+                             f"is not {PROFILE_SCHEMA}")
+        cfg = SpecConfig.parse(profile["config"])
+        sched = KSchedule.from_dict(profile["schedule"]) if profile.get("schedule") else None
+        if cfg.enabled and sched is not None and sched.parallel != cfg.parallel:
+            raise ValueError("profile schedule and config disagree on the drafting mode")
+        fresh = Estimator(self.settings)
+        fresh.acceptance.load_dict(profile.get("acceptance", {}))
+        fresh.step.load_dict(profile.get("step_model", {}))
+        fresh.ttft.load_dict(profile.get("ttft", {}))
+        self.estimator = fresh
+        self._set_active(cfg, sched)
+        self._last_good = (cfg, self._schedule)
+
+
+def _pick(plans: list[_ModePlan]) -> _ModePlan:
+    """Feasible before infeasible (least SLO excess first), then lowest TPOT."""
+    def key(pl: _ModePlan):
+        p = pl.prediction
+        return (0.0 if p.feasible else p.slo_excess, p.tpot_s if p.tpot_s is not None else math.inf)
+    return min(plans, key=key)
+
+
+def _gain(cur: float | None, new: float | None) -> float:
+    if not cur or new is None:
+        return 0.0
+    return (cur - new) / cur
+
+
+def _ms(v: float | None) -> str:
+    return "?" if v is None else f"{v * 1e3:.2f} ms"
+
+
+def _candidate_dict(p: Prediction, settings: ControllerSettings) -> dict:
+    ttft_ms = {c: (None if v is None else round(v * 1e3, 3)) for c, v in p.ttft_s.items()}
+    shown = next((ttft_ms[c] for c in ("inline", "chat", "batch") if ttft_ms.get(c) is not None), None)
+    return {
+        "config": p.config.label(),
+        "parallel_drafting": p.config.parallel,
+        "num_speculative_tokens": p.config.k,
+        "predicted_tpot_ms": None if p.tpot_s is None else round(p.tpot_s * 1e3, 4),
+        "predicted_ttft_ms": shown,
+        "expected_acceptance_length": round(p.acceptance_length, 4),
+        "samples": p.count,
+        "expected_acceptance_length_low": round(p.acceptance_length_low, 4),
+        "expected_acceptance_length_high": round(p.acceptance_length_high, 4),
+        "predicted_step_ms": None if p.step_s is None else round(p.step_s * 1e3, 4),
+        "predicted_ttft_ms_by_class": ttft_ms,
+        "meets_slo": p.feasible,
+        "slo_excess": round(p.slo_excess, 4),
+        "effective_samples": round(p.samples, 2),
+    }

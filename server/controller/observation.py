@@ -1,0 +1,133 @@
+"""What the controller learns from: one record per finished request, and
+optional engine-level snapshots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+from .spec import SpecConfig
+
+LatencyClass = Literal["inline", "chat", "batch"]
+LATENCY_CLASSES: tuple[LatencyClass, ...] = ("inline", "chat", "batch")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One finished request, as the server measured it.
+
+    Speculative counters follow vLLM's per-request ``SpecDecodingStats``
+    (the ``SpeculativeStats`` message of the proto). Give either
+    ``accepted_per_position`` or ``accepted_histogram``; with neither, the
+    request only informs the step-time and TTFT models.
+    """
+
+    latency_class: LatencyClass
+    """Which TTFT SLO the request is held to."""
+    ttft_s: float
+    """Arrival to first token, seconds."""
+    tpot_s: float
+    """Mean time between output tokens after the first, seconds."""
+    output_tokens: int
+    """Tokens generated (the first included)."""
+    batch_size: float
+    """Running requests while it decoded (a mean over its life is fine)."""
+    config: SpecConfig
+    """Config the engine ran it under. With a per-batch-size K schedule pass
+    the mode and the K in effect, e.g. ``schedule.config_at(batch_size)``;
+    the counters below give the K actually drafted."""
+    num_drafts: int = 0
+    """Verification steps that checked drafts."""
+    num_draft_tokens: int = 0
+    """Draft tokens proposed over those steps."""
+    accepted_per_position: Sequence[int] = ()
+    """``[i]`` = steps whose draft at position ``i+1`` was accepted (vLLM's
+    ``num_accepted_tokens_per_pos``, which counts accepted prefixes)."""
+    draft_tokens_per_position: Sequence[int] = ()
+    """Optional ``[i]`` = steps that drafted position ``i+1`` (vLLM's
+    ``num_draft_tokens_per_pos``); needed for exact acceptance when K varied
+    within the request (per-batch-size schedules)."""
+    accepted_histogram: Sequence[int] = ()
+    """Alternative to ``accepted_per_position``: ``[n]`` = steps that accepted
+    exactly ``n`` drafts."""
+    prompt_tokens: int = 0
+    """Prompt length (informational; TTFT residuals absorb it)."""
+
+    def __post_init__(self) -> None:
+        if self.ttft_s < 0 or self.tpot_s < 0:
+            raise ValueError(
+                f"Observation TTFT/TPOT must be >= 0 seconds (got ttft_s={self.ttft_s}, "
+                f"tpot_s={self.tpot_s}); pass seconds, not milliseconds or negatives"
+            )
+        if self.output_tokens < 0 or self.num_drafts < 0 or self.num_draft_tokens < 0:
+            raise ValueError("Observation counts must be >= 0")
+        if self.batch_size < 0:
+            raise ValueError("Observation.batch_size must be >= 0 (running requests)")
+        if self.latency_class not in LATENCY_CLASSES:
+            raise ValueError(
+                f"latency_class {self.latency_class!r} unknown; use one of {LATENCY_CLASSES}"
+            )
+
+    # -- derived --------------------------------------------------------------
+    def accepted_prefix_counts(self) -> list[int]:
+        """``accepted_per_position``, derived from the histogram when needed."""
+        if self.accepted_per_position:
+            return [int(v) for v in self.accepted_per_position]
+        if self.accepted_histogram:
+            h = list(self.accepted_histogram)
+            # steps that accepted more than i drafts accepted position i+1
+            return [sum(h[i + 1 :]) for i in range(len(h) - 1)]
+        return []
+
+    @property
+    def drafts(self) -> int:
+        if self.num_drafts:
+            return self.num_drafts
+        return sum(self.accepted_histogram) if self.accepted_histogram else 0
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return sum(self.accepted_prefix_counts())
+
+    @property
+    def mean_k(self) -> float:
+        """K actually drafted per step (differs from ``config.k`` under a schedule)."""
+        d = self.drafts
+        if d and self.num_draft_tokens:
+            return self.num_draft_tokens / d
+        return float(self.config.k)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens per verification step, bonus token included."""
+        d = self.drafts
+        return 1.0 + self.num_accepted_tokens / d if d else 1.0
+
+    @property
+    def step_time_s(self) -> float:
+        """Seconds per engine step for this request: TPOT x tokens per step."""
+        return self.tpot_s * self.acceptance_length
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Engine-level gauges, sampled by the server (e.g. every second)."""
+
+    running: int
+    """Requests being decoded (vLLM ``num_running_reqs``)."""
+    waiting: int = 0
+    """Requests queued for admission (vLLM ``num_waiting_reqs``)."""
+    kv_cache_usage: float = 0.0
+    """Fraction of KV-cache blocks in use, 0..1 (vLLM ``kv_cache_usage``)."""
+    preemptions: int = 0
+    """Preemptions since the previous snapshot (memory pressure signal)."""
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.running < 0 or self.waiting < 0:
+            raise ValueError("EngineSnapshot running/waiting must be >= 0")
+        if not 0.0 <= self.kv_cache_usage <= 1.0 + 1e-9:
+            raise ValueError(
+                f"EngineSnapshot.kv_cache_usage={self.kv_cache_usage} must be a fraction "
+                "0..1 (divide a percentage by 100)"
+            )

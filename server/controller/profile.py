@@ -1,0 +1,119 @@
+"""Tuned profiles on disk, one JSON file per (hardware, model, drafter, vLLM version)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .controller import Controller
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROFILE_DIR = Path("~/.cache/quickdraft/profiles")
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """What a tuned profile is valid for."""
+
+    hardware: str
+    """e.g. "NVIDIA H200 x1" or "AMD EPYC (2 cores)"."""
+    model: str
+    """Target model name or path."""
+    drafter: str
+    """Drafter name or path (both heads, if the modes use different ones)."""
+    vllm_version: str
+
+    def __post_init__(self) -> None:
+        for name in ("hardware", "model", "drafter", "vllm_version"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
+                raise ValueError(f"ProfileKey.{name} must be a non-empty string")
+
+    def file_name(self) -> str:
+        """Readable slug plus a hash of the exact key (slugs can collide)."""
+        text = json.dumps(asdict(self), sort_keys=True)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        slug = "__".join(_slug(v) for v in (self.hardware, self.model, self.drafter, self.vllm_version))
+        return f"{slug[:120]}__{digest}.json"
+
+
+def _slug(v: str) -> str:
+    tail = v.rstrip("/").split("/")[-1] if "/" in v else v
+    return re.sub(r"[^A-Za-z0-9.]+", "-", tail).strip("-")[:40] or "x"
+
+
+class ProfileStore:
+    """Reads and writes profiles; a missing, corrupt or foreign file is logged and ignored."""
+
+    def __init__(self, directory: str | os.PathLike | None = None) -> None:
+        self.directory = Path(directory if directory is not None else DEFAULT_PROFILE_DIR).expanduser()
+
+    def path_for(self, key: ProfileKey) -> Path:
+        return self.directory / key.file_name()
+
+    def load(self, key: ProfileKey) -> dict | None:
+        path = self.path_for(key)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            log.info("no tuned profile at %s; starting from defaults", path)
+            return None
+        except (OSError, ValueError) as e:
+            log.warning("ignoring unreadable profile %s: %s", path, e)
+            return None
+        if not isinstance(data, dict) or data.get("key") != asdict(key):
+            log.warning("ignoring profile %s: it was written for %s", path,
+                        data.get("key") if isinstance(data, dict) else "something else")
+            return None
+        return data
+
+    def save(self, key: ProfileKey, profile: dict) -> Path:
+        """Atomic write (temp file + rename), so a crash never leaves half a profile."""
+        path = self.path_for(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = dict(profile)
+        data["key"] = asdict(key)
+        fd, tmp = tempfile.mkstemp(prefix=".profile-", suffix=".json", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return path
+
+
+def load_into(controller: "Controller", store: ProfileStore, key: ProfileKey) -> bool:
+    """Restore ``controller`` from the stored profile; False (logged) if there
+    is none or it is unusable."""
+    controller.profile_path = str(store.path_for(key))
+    data = store.load(key)
+    if data is None:
+        return False
+    try:
+        controller.restore(data)
+    except (KeyError, TypeError, ValueError) as e:
+        log.warning("ignoring profile %s: %s", store.path_for(key), e)
+        return False
+    log.info("loaded tuned profile %s (start config %s)", store.path_for(key), data.get("config"))
+    return True
+
+
+def save_from(controller: "Controller", store: ProfileStore, key: ProfileKey) -> Path:
+    path = store.save(key, controller.profile_dict())
+    controller.profile_path = str(path)
+    return path

@@ -1,0 +1,367 @@
+"""Controller parameters: one dataclass per concern, every field documented.
+
+``ControllerSettings.from_dict`` builds the whole tree from nested dicts (a
+TOML/JSON section) and names the valid keys when one is misspelt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .spec import MAX_K, SpecConfig, default_candidates
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _fraction(name: str, v: float, *, open_low: bool = False) -> None:
+    ok = (0.0 < v <= 1.0) if open_low else (0.0 <= v <= 1.0)
+    _check(ok, f"{name}={v} must be a fraction in {'(0' if open_low else '[0'}, 1]")
+
+
+@dataclass
+class AcceptanceSettings:
+    """Per-position acceptance model (Beta posteriors, one set per drafting mode)."""
+
+    prior_first_autoregressive: float = 0.72
+    """Prior mean acceptance of draft position 1, autoregressive drafting
+    (anchors.md: EAGLE-3 on HumanEval ~72%)."""
+    prior_first_parallel: float = 0.64
+    """Prior mean acceptance of draft position 1, parallel drafting (~64%)."""
+    prior_strength: float = 4.0
+    """Pseudo-trials behind each position's prior; small so data dominate fast."""
+    extrapolation_decay: float = 0.9
+    """Conditional acceptance at a position with no data = the previous
+    position's estimate times this (conservative: published conditional rates
+    are roughly flat, so this under-estimates long K until measured)."""
+    parallel_vs_autoregressive: float = 0.9
+    """Parallel conditional acceptance ~ this x autoregressive's at the same
+    position; lets data from one mode inform the other's prior."""
+    transfer_min_trials: float = 30.0
+    """Effective trials the other mode needs at a position before it informs this one's prior."""
+    half_life_requests: float = 400.0
+    """Old evidence loses half its weight after this many observed requests."""
+    credible_z: float = 1.64
+    """z of the reported credible band (1.64: a 90% two-sided band)."""
+    recent_requests: int = 24
+    """Window (requests, per mode) for shift and collapse detection."""
+    shift_threshold: float = 0.12
+    """Absolute change in position-1 acceptance, recent window vs long-run,
+    that counts as an acceptance shift (also needs 4 sigma)."""
+    shift_min_trials: float = 100.0
+    """Position-1 trials the recent window needs before a shift can be declared."""
+    shift_keep: float = 0.1
+    """On a shift, old acceptance evidence (both modes) is scaled by this."""
+    max_positions: int = MAX_K
+    """Draft positions tracked."""
+
+    def validate(self) -> None:
+        for n in ("prior_first_autoregressive", "prior_first_parallel", "extrapolation_decay",
+                  "parallel_vs_autoregressive", "shift_threshold", "shift_keep"):
+            _fraction(f"acceptance.{n}", getattr(self, n), open_low=True)
+        _check(self.prior_strength > 0, "acceptance.prior_strength must be > 0 pseudo-trials")
+        _check(self.half_life_requests > 0, "acceptance.half_life_requests must be > 0")
+        _check(self.recent_requests >= 2, "acceptance.recent_requests must be >= 2")
+        _check(1 <= self.max_positions <= MAX_K, f"acceptance.max_positions must be 1..{MAX_K}")
+
+
+@dataclass
+class StepModelSettings:
+    """Step-time model: ``step = c0 + c1*B*(K+1) + drafting``, fitted per mode
+    jointly (verification is shared), robust (Huber) and regularised."""
+
+    drafter_cost_ratio_autoregressive: float = 0.15
+    """Prior: one autoregressive drafter pass costs this fraction of a target
+    step at the same batch (EAGLE heads are one or two layers)."""
+    drafter_cost_ratio_parallel: float = 0.25
+    """Prior: the parallel drafter pass's fixed and per-draft-token costs as a
+    fraction of the target's fixed and per-token costs."""
+    prior_strength: float = 2.0
+    """Weight of the drafting-cost priors, in measured cells' units."""
+    half_life_requests: float = 2000.0
+    """Old step-time evidence loses half its weight after this many requests."""
+    recent_per_cell: int = 16
+    """Step times kept per (mode, K, batch bucket) cell; the cell's value is their median."""
+    buckets_per_doubling: int = 4
+    """Batch-size resolution of cells: buckets per doubling of the batch."""
+    cell_weight_cap: float = 32.0
+    """Cap on one cell's weight, so the active config cannot drown the others."""
+    huber_k: float = 1.5
+    """Huber threshold in robust standard deviations of relative residuals."""
+    local_correction_strength: float = 8.0
+    """Requests at which a cell's measured residual gets half weight in the
+    prediction for its own (mode, K) near its batch size (shrinks the global
+    fit toward direct measurements where they exist)."""
+
+    def validate(self) -> None:
+        _check(self.drafter_cost_ratio_autoregressive >= 0, "step_model.drafter_cost_ratio_autoregressive must be >= 0")
+        _check(self.drafter_cost_ratio_parallel >= 0, "step_model.drafter_cost_ratio_parallel must be >= 0")
+        _check(self.prior_strength > 0, "step_model.prior_strength must be > 0")
+        _check(self.half_life_requests > 0, "step_model.half_life_requests must be > 0")
+        _check(self.recent_per_cell >= 1, "step_model.recent_per_cell must be >= 1")
+        _check(1 <= self.buckets_per_doubling <= 16, "step_model.buckets_per_doubling must be 1..16")
+        _check(self.cell_weight_cap > 0, "step_model.cell_weight_cap must be > 0")
+        _check(self.huber_k > 0, "step_model.huber_k must be > 0")
+        _check(self.local_correction_strength > 0, "step_model.local_correction_strength must be > 0")
+
+
+@dataclass
+class SLOSettings:
+    """TTFT service-level objectives per latency class, and the TTFT model."""
+
+    ttft_s: dict[str, float] = field(default_factory=lambda: {"inline": 0.3, "chat": 1.5})
+    """Limit on the ``quantile`` TTFT per latency class, seconds; classes not
+    listed (e.g. ``batch``) are unconstrained."""
+    quantile: float = 0.95
+    """Which TTFT quantile the limits apply to."""
+    min_samples: int = 12
+    """Requests of a class before its SLO is enforced (unknown TTFT never excludes)."""
+    window: int = 128
+    """Recent requests per class the TTFT model is fitted on."""
+    kappa_prior: float = 1.5
+    """Prior for TTFT's growth per second of step time (half a step waiting on
+    average, plus the step that carries the prefill)."""
+
+    def validate(self) -> None:
+        from .observation import LATENCY_CLASSES
+
+        for cls, v in self.ttft_s.items():
+            _check(cls in LATENCY_CLASSES, f"slo.ttft_s: unknown latency class {cls!r}; use {LATENCY_CLASSES}")
+            _check(v is None or v > 0, f"slo.ttft_s[{cls!r}]={v} must be > 0 seconds")
+        _check(0.5 <= self.quantile < 1.0, "slo.quantile must be in [0.5, 1)")
+        _check(self.min_samples >= 3, "slo.min_samples must be >= 3")
+        _check(self.window >= self.min_samples, "slo.window must be >= slo.min_samples")
+        _check(self.kappa_prior >= 0, "slo.kappa_prior must be >= 0")
+
+
+@dataclass
+class HysteresisSettings:
+    """Keeps the controller from flapping; a switch may rebuild the engine."""
+
+    margin: float = 0.07
+    """Switch only for a predicted TPOT gain above this fraction."""
+    sustain_decisions: int = 3
+    """... held by this many consecutive decide() calls ..."""
+    sustain_s: float = 4.0
+    """... over at least this many seconds ..."""
+    min_dwell_s: float = 30.0
+    """... and at least this long after the previous switch (CPU rebuilds take ~15 s) ..."""
+    min_dwell_after_load_change_s: float = 10.0
+    """... or this long, when a load regime change came after the previous switch."""
+    pending_timeout_s: float = 180.0
+    """A switch neither applied() nor apply_failed() by then is dropped."""
+    failed_config_cooldown_s: float = 300.0
+    """A config whose switch failed is not proposed again for this long."""
+
+    def validate(self) -> None:
+        _check(0 <= self.margin < 1, "hysteresis.margin must be a fraction in [0, 1)")
+        _check(self.sustain_decisions >= 1, "hysteresis.sustain_decisions must be >= 1")
+        _check(self.sustain_s >= 0 and self.min_dwell_s >= 0 and self.min_dwell_after_load_change_s >= 0,
+               "hysteresis times must be >= 0")
+        _check(self.pending_timeout_s > 0, "hysteresis.pending_timeout_s must be > 0")
+        _check(self.failed_config_cooldown_s >= 0, "hysteresis.failed_config_cooldown_s must be >= 0")
+
+
+@dataclass
+class ExplorationSettings:
+    """Bounded exploration of configs the model is unsure about."""
+
+    enabled: bool = True
+    """Explore at all (False: only model predictions and fallbacks move the config)."""
+    max_share: float = 0.10
+    """Share of wall time that may go to exploring (rebuilds included), at first ..."""
+    min_share: float = 0.02
+    """... decaying to this ..."""
+    share_decay: float = 0.7
+    """... by this factor per exploration."""
+    initial_allowance_s: float = 60.0
+    """Exploration seconds available at start (one probe, two rebuilds included)."""
+    bank_cap_s: float = 180.0
+    """Unused exploration time accrues up to this."""
+    rebuild_cost_s: float = 15.0
+    """Charged per engine rebuild (there and back: twice per probe)."""
+    min_requests: int = 16
+    """A probe lasts until this many requests ran under it ..."""
+    min_s: float = 10.0
+    """... and at least this long ..."""
+    max_s: float = 60.0
+    """... or this long at most."""
+    optimism: float = 0.15
+    """TPOT bonus (fraction) for a config with no requests near the current
+    load; shrinks as 1/sqrt(1 + requests)."""
+    min_samples_trusted: float = 8.0
+    """Requests a drafting mode needs before the policy switches to it on the
+    model's word alone; before that, reaching it is a (budgeted) probe."""
+    stable_load_s: float = 10.0
+    """No probing this soon after a load change (the data would be confounded)."""
+
+    def validate(self) -> None:
+        _check(0 <= self.min_share <= self.max_share <= 0.5, "exploration shares need 0 <= min_share <= max_share <= 0.5")
+        _fraction("exploration.share_decay", self.share_decay, open_low=True)
+        _check(self.initial_allowance_s >= 0 and self.bank_cap_s >= 0, "exploration allowances must be >= 0 seconds")
+        _check(self.rebuild_cost_s >= 0, "exploration.rebuild_cost_s must be >= 0")
+        _check(self.min_requests >= 1, "exploration.min_requests must be >= 1")
+        _check(0 <= self.min_s <= self.max_s, "exploration needs 0 <= min_s <= max_s")
+        _check(0 <= self.optimism < 1, "exploration.optimism must be in [0, 1)")
+        _check(self.min_samples_trusted >= 0, "exploration.min_samples_trusted must be >= 0")
+
+
+@dataclass
+class FallbackSettings:
+    """Safety moves that bypass hysteresis."""
+
+    kv_high: float = 0.90
+    """KV-cache usage at which K is reduced one candidate step (e.g. 5 -> 3) ..."""
+    kv_critical: float = 0.97
+    """... and at which it may be reduced again without waiting ``pressure_min_interval_s``."""
+    kv_low: float = 0.75
+    """The K cap is lifted one step after usage stayed below this ..."""
+    kv_release_s: float = 60.0
+    """... for this long."""
+    pressure_min_interval_s: float = 10.0
+    """Minimum time between two pressure reductions (let the last one act)."""
+    collapse_acceptance_length: float = 1.1
+    """Mean accepted length (tokens per step, bonus included) below which,
+    over the recent window, acceptance has collapsed (a wrong drafter emits
+    gibberish) and speculation is turned off."""
+    collapse_min_drafts: int = 64
+    """Verification steps the window needs before a collapse is declared ..."""
+    collapse_min_requests: int = 4
+    """... spread over at least this many requests."""
+    collapse_cooldown_s: float = 900.0
+    """After a collapse, speculation stays off this long (then probes may retry it)."""
+
+    def validate(self) -> None:
+        _check(0 < self.kv_low < self.kv_high <= self.kv_critical <= 1.0,
+               "fallback needs 0 < kv_low < kv_high <= kv_critical <= 1")
+        _check(self.kv_release_s >= 0 and self.pressure_min_interval_s >= 0, "fallback times must be >= 0")
+        _check(1.0 <= self.collapse_acceptance_length < 2.0,
+               "fallback.collapse_acceptance_length is tokens per step incl. the bonus token: use 1.0..2.0")
+        _check(self.collapse_min_drafts >= 1 and self.collapse_min_requests >= 1, "fallback collapse minimums must be >= 1")
+        _check(self.collapse_cooldown_s >= 0, "fallback.collapse_cooldown_s must be >= 0")
+
+
+@dataclass
+class LoadSettings:
+    """Load tracking and load-regime detection."""
+
+    fast_tau_s: float = 3.0
+    """Time constant of the load estimate decisions use."""
+    slow_tau_s: float = 60.0
+    """Time constant of the reference a regime change is measured against."""
+    regime_ratio: float = 1.5
+    """Fast/slow load ratio (or its inverse) that counts as a regime change."""
+    snapshot_stale_s: float = 10.0
+    """Engine snapshots older than this are ignored; request batch sizes are used instead."""
+
+    def validate(self) -> None:
+        _check(0 < self.fast_tau_s < self.slow_tau_s, "load needs 0 < fast_tau_s < slow_tau_s")
+        _check(self.regime_ratio > 1.0, "load.regime_ratio must be > 1")
+        _check(self.snapshot_stale_s > 0, "load.snapshot_stale_s must be > 0")
+
+
+@dataclass
+class ScheduleSettings:
+    """Per-batch-size K schedules (vLLM ``num_speculative_tokens_per_batch_size``)."""
+
+    enabled: bool = True
+    """Emit a per-batch-size schedule; False: one K for all batch sizes."""
+    max_batch: int = 64
+    """Largest batch the schedule is planned for (the engine's max_num_seqs);
+    beyond it vLLM carries the last K forward."""
+    allow_zero_k: bool = False
+    """Let the schedule turn drafting off (K=0) at large batches inside a
+    speculative engine. Off by default: a K=0 step still carries the drafter's
+    bookkeeping; enable once a benchmark shows it costs about as much as no
+    speculation."""
+    k_tie_tolerance: float = 0.02
+    """Prefer the smaller K unless a larger one is predicted this much faster
+    (less KV cache, less exposure to acceptance drops)."""
+
+    def validate(self) -> None:
+        _check(1 <= self.max_batch <= 4096, "schedule.max_batch must be 1..4096")
+        _check(0 <= self.k_tie_tolerance < 0.5, "schedule.k_tie_tolerance must be a small fraction")
+
+
+@dataclass
+class ControllerSettings:
+    """Everything the controller needs; defaults suit a CPU box (~15 s rebuilds)."""
+
+    candidates: tuple[SpecConfig, ...] = field(default_factory=default_candidates)
+    """Configs the policy may choose; "off" is always added."""
+    initial: SpecConfig = field(default_factory=SpecConfig.off)
+    """Config assumed at start when no profile says otherwise."""
+    enabled: bool = True
+    """False: decide() always holds (observations and state still work)."""
+    history_size: int = 64
+    """Decisions kept for state() (holds are kept only when their reason changes)."""
+    acceptance: AcceptanceSettings = field(default_factory=AcceptanceSettings)
+    step_model: StepModelSettings = field(default_factory=StepModelSettings)
+    slo: SLOSettings = field(default_factory=SLOSettings)
+    hysteresis: HysteresisSettings = field(default_factory=HysteresisSettings)
+    exploration: ExplorationSettings = field(default_factory=ExplorationSettings)
+    fallback: FallbackSettings = field(default_factory=FallbackSettings)
+    load: LoadSettings = field(default_factory=LoadSettings)
+    schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
+
+    def __post_init__(self) -> None:
+        cands = tuple(dict.fromkeys((SpecConfig.off(),) + tuple(self.candidates)))
+        self.candidates = cands
+        self.validate()
+
+    def validate(self) -> None:
+        _check(len(self.candidates) >= 1, "candidates must not be empty")
+        for c in self.candidates:
+            _check(isinstance(c, SpecConfig), f"candidates must be SpecConfig values, got {c!r}; use SpecConfig.parse('parallel K=5')")
+        _check(self.history_size >= 1, "history_size must be >= 1")
+        for sub in (self.acceptance, self.step_model, self.slo, self.hysteresis,
+                    self.exploration, self.fallback, self.load, self.schedule):
+            sub.validate()
+
+    def ks(self, parallel: bool) -> tuple[int, ...]:
+        """Candidate K values of one drafting mode, ascending."""
+        return tuple(sorted({c.k for c in self.candidates if c.enabled and c.parallel == parallel}))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ControllerSettings":
+        """Build from nested plain data; configs may be labels ("parallel K=5")."""
+        d = dict(d)
+        kwargs: dict[str, Any] = {}
+        subs = {f.name: f for f in dataclasses.fields(cls)}
+        for key, val in d.items():
+            if key not in subs:
+                raise ValueError(f"unknown controller setting {key!r}; valid: {sorted(subs)}")
+            if key == "candidates":
+                kwargs[key] = tuple(_as_config(v) for v in val)
+            elif key == "initial":
+                kwargs[key] = _as_config(val)
+            elif isinstance(val, Mapping):
+                sub_cls = type(getattr(cls(), key))
+                names = {f.name for f in dataclasses.fields(sub_cls)}
+                bad = set(val) - names
+                if bad:
+                    raise ValueError(f"unknown {key} setting(s) {sorted(bad)}; valid: {sorted(names)}")
+                kwargs[key] = sub_cls(**val)
+            else:
+                kwargs[key] = val
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["candidates"] = [c.label() for c in self.candidates]
+        out["initial"] = self.initial.label()
+        return out
+
+
+def _as_config(v: Any) -> SpecConfig:
+    if isinstance(v, SpecConfig):
+        return v
+    if isinstance(v, str):
+        return SpecConfig.parse(v)
+    if isinstance(v, Mapping):
+        return SpecConfig(bool(v.get("parallel", False)), int(v.get("k", 0)))
+    raise ValueError(f"cannot read a speculative config from {v!r}; use e.g. 'parallel K=5'")

@@ -1,0 +1,291 @@
+"""A deterministic simulated engine, for tests and dry runs of the sweep.
+
+Costs follow the shape the controller's model assumes (verification by
+tokens in the batch, K autoregressive drafter passes or one parallel pass),
+optionally with a flat region (a GPU's memory-bound regime, which the linear
+model does not have) so tests can check robustness to misspecification.
+Acceptance is drawn step by step from per-position conditional rates.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+from .observation import EngineSnapshot, LatencyClass, Observation
+from .spec import AUTOREGRESSIVE, OFF, PARALLEL, KSchedule, Mode, SpecConfig
+
+ANCHOR_AR_MARGINAL = (0.72, 0.50, 0.33, 0.21, 0.14, 0.09, 0.06)
+"""anchors.md: EAGLE-3 per-position acceptance (HumanEval), extended by two positions."""
+ANCHOR_PARALLEL_MARGINAL = (0.64, 0.40, 0.25, 0.15, 0.10, 0.065, 0.042)
+"""anchors.md: parallel drafting per-position acceptance, extended by two positions."""
+
+
+def conditional_from_marginal(marginal: Sequence[float]) -> tuple[float, ...]:
+    out, prev = [], 1.0
+    for m in marginal:
+        out.append(m / prev if prev > 0 else 0.0)
+        prev = m
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class SimAcceptance:
+    """Conditional acceptance per draft position, per mode."""
+
+    autoregressive: tuple[float, ...] = conditional_from_marginal(ANCHOR_AR_MARGINAL)
+    parallel: tuple[float, ...] = conditional_from_marginal(ANCHOR_PARALLEL_MARGINAL)
+
+    def rates(self, mode: Mode) -> tuple[float, ...]:
+        return self.parallel if mode == PARALLEL else self.autoregressive
+
+    def expected_length(self, mode: Mode, k: int) -> float:
+        if mode == OFF or k <= 0:
+            return 1.0
+        rates = self.rates(mode)
+        total, prod = 1.0, 1.0
+        for i in range(k):
+            prod *= rates[i] if i < len(rates) else rates[-1]
+            total += prod
+        return total
+
+    @classmethod
+    def collapsed(cls) -> "SimAcceptance":
+        """A wrong drafter: almost nothing is accepted."""
+        return cls((0.02,) * 8, (0.02,) * 8)
+
+    def scaled(self, factor: float) -> "SimAcceptance":
+        return SimAcceptance(tuple(min(0.99, r * factor) for r in self.autoregressive),
+                             tuple(min(0.99, r * factor) for r in self.parallel))
+
+
+@dataclass(frozen=True)
+class SimCost:
+    """Seconds per engine step and per prefill."""
+
+    base_s: float = 0.010
+    per_token_s: float = 0.0002
+    flat_tokens: int = 0
+    """Verified tokens that cost nothing extra (memory-bound region)."""
+    ar_pass_s: float = 0.0015
+    ar_pass_per_req_s: float = 0.0001
+    par_pass_s: float = 0.002
+    par_per_slot_s: float = 0.0002
+    prefill_s: float = 0.02
+    noise: float = 0.08
+    """Log-normal sigma of a request's step time (and of its prefill)."""
+
+    def step(self, mode: Mode, k: int, batch: float) -> float:
+        b = max(1.0, batch)
+        k = 0 if mode == OFF else k
+        tokens = b * (k + 1)
+        t = self.base_s + self.per_token_s * max(0.0, tokens - self.flat_tokens)
+        if mode == AUTOREGRESSIVE:
+            t += k * (self.ar_pass_s + self.ar_pass_per_req_s * b)
+        elif mode == PARALLEL:
+            t += self.par_pass_s + self.par_per_slot_s * b * k
+        return t
+
+
+@dataclass
+class SimulatedEngine:
+    cost: SimCost = field(default_factory=SimCost)
+    acceptance: SimAcceptance = field(default_factory=SimAcceptance)
+    seed: int = 0
+    tokens: tuple[int, int] = (32, 96)
+    classes: tuple[LatencyClass, ...] = ("inline", "inline", "inline", "chat")
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def true_tpot(self, config: SpecConfig, batch: float) -> float:
+        return self.cost.step(config.mode, config.k, batch) / self.acceptance.expected_length(config.mode, config.k)
+
+    def true_ttft_p95(self, config: SpecConfig, batch: float) -> float:
+        st = self.cost.step(config.mode, config.k, batch)
+        return self.cost.prefill_s * math.exp(1.645 * self.cost.noise) + 1.95 * st * math.exp(1.645 * self.cost.noise)
+
+    def best_static(self, configs: Iterable[SpecConfig], batch: float,
+                    ttft_limit_s: float | None = None) -> SpecConfig:
+        cands = [c for c in configs if ttft_limit_s is None or self.true_ttft_p95(c, batch) <= ttft_limit_s]
+        return min(cands, key=lambda c: self.true_tpot(c, batch))
+
+    def requests(self, engine: SpecConfig | KSchedule | None, batch: float, n: int) -> list[Observation]:
+        """``n`` finished requests run at ``batch`` concurrent requests."""
+        return [self._one(engine, batch) for _ in range(n)]
+
+    def _one(self, engine: SpecConfig | KSchedule | None, batch: float) -> Observation:
+        rng = self.rng
+        if isinstance(engine, KSchedule):
+            cfg = engine.config_at(batch)
+        else:
+            cfg = engine if engine is not None else SpecConfig.off()
+        mode, k = cfg.mode, cfg.k
+        want = rng.randint(*self.tokens)
+        rates = self.acceptance.rates(mode) if k else ()
+        acc_pos = [0] * k
+        generated, drafts = 1, 0
+        while generated < want:
+            n_acc = 0
+            for i in range(k):
+                r = rates[i] if i < len(rates) else rates[-1]
+                if rng.random() < r:
+                    acc_pos[i] += 1
+                    n_acc += 1
+                else:
+                    break
+            generated += n_acc + 1
+            drafts += 1
+        noise = math.exp(rng.gauss(0.0, self.cost.noise))
+        step = self.cost.step(mode, k, batch) * noise
+        tpot = drafts * step / max(1, generated - 1)
+        ttft = self.cost.prefill_s * math.exp(rng.gauss(0.0, self.cost.noise)) + (1.0 + rng.random()) * step
+        cls = self.classes[rng.randrange(len(self.classes))]
+        return Observation(
+            latency_class=cls, ttft_s=ttft, tpot_s=tpot, output_tokens=generated, batch_size=float(batch),
+            config=cfg, num_drafts=drafts if k else 0, num_draft_tokens=drafts * k,
+            accepted_per_position=acc_pos,
+        )
+
+
+class FakeClock:
+    """A clock tests advance by hand."""
+
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> float:
+        self.t += dt
+        return self.t
+
+
+@dataclass(frozen=True)
+class Phase:
+    load: int
+    """Concurrent requests."""
+    duration_s: float
+    kv_cache_usage: float = 0.3
+    acceptance: SimAcceptance | None = None
+    """Switch the engine's acceptance for this phase (None: keep)."""
+
+
+@dataclass(frozen=True)
+class Tick:
+    t: float
+    phase: int
+    load: int
+    config: SpecConfig
+    """Config the engine ran at this load."""
+    true_tpot_s: float
+    best_tpot_s: float
+    action: str
+    reason: str
+
+
+@dataclass
+class HarnessTrace:
+    ticks: list[Tick] = field(default_factory=list)
+    decisions: list = field(default_factory=list)
+    observations: int = 0
+
+    @property
+    def switches(self) -> int:
+        return sum(1 for d in self.decisions if d.action != "hold")
+
+    def actions(self, action: str) -> list:
+        return [d for d in self.decisions if d.action == action]
+
+    def phase_ticks(self, phase: int) -> list[Tick]:
+        return [t for t in self.ticks if t.phase == phase]
+
+    def converged_after(self, phase: int, tolerance: float = 0.05) -> float | None:
+        """Seconds from the phase's start until the engine stayed within
+        ``tolerance`` of the best static TPOT for the rest of the phase."""
+        ts = self.phase_ticks(phase)
+        if not ts:
+            return None
+        last_bad = None
+        for t in ts:
+            if t.true_tpot_s > t.best_tpot_s * (1 + tolerance):
+                last_bad = t
+        if last_bad is None:
+            return 0.0
+        if last_bad is ts[-1]:
+            return None
+        return last_bad.t - ts[0].t + (ts[1].t - ts[0].t if len(ts) > 1 else 0.0)
+
+    def regret(self, phase: int) -> float:
+        """Mean relative TPOT excess over the best static config during a phase."""
+        ts = self.phase_ticks(phase)
+        return sum(t.true_tpot_s / t.best_tpot_s - 1.0 for t in ts) / max(1, len(ts))
+
+
+class Harness:
+    """Drives a controller against a SimulatedEngine on a fake clock: requests
+    finish at the rate the load and the engine's speed allow, snapshots come
+    every tick, decide() runs every tick, and a switch takes ``rebuild_s``
+    during which the old engine keeps serving."""
+
+    def __init__(self, controller, engine: SimulatedEngine, clock: FakeClock, *,
+                 tick_s: float = 1.0, rebuild_s: float = 15.0,
+                 candidates: Sequence[SpecConfig] | None = None,
+                 on_decision: Callable | None = None) -> None:
+        self.ctl = controller
+        self.engine = engine
+        self.clock = clock
+        self.tick_s = tick_s
+        self.rebuild_s = rebuild_s
+        self.candidates = tuple(candidates or controller.settings.candidates)
+        self.on_decision = on_decision
+        self._running: SpecConfig | KSchedule | None = controller.active_schedule
+        self._pending = None
+        self._ready_at = 0.0
+        self._acc = 0.0
+
+    def run(self, phases: Sequence[Phase], trace: HarnessTrace | None = None) -> HarnessTrace:
+        trace = trace or HarnessTrace()
+        for pi, ph in enumerate(phases):
+            if ph.acceptance is not None:
+                self.engine.acceptance = ph.acceptance
+            end = self.clock.t + ph.duration_s
+            while self.clock.t < end - 1e-9:
+                self.clock.advance(self.tick_s)
+                now = self.clock.t
+                cfg = self._config_at(ph.load)
+                dur = self.engine.cost.prefill_s + 64 * self.engine.true_tpot(cfg, ph.load)
+                self._acc += ph.load * self.tick_s / dur
+                n = int(self._acc)
+                self._acc -= n
+                for obs in self.engine.requests(self._running, ph.load, n):
+                    self.ctl.observe(obs, now=now)
+                trace.observations += n
+                self.ctl.observe_engine(EngineSnapshot(running=ph.load, kv_cache_usage=ph.kv_cache_usage), now=now)
+                if self._pending is not None and now >= self._ready_at:
+                    d, self._pending = self._pending, None
+                    self._running = d.schedule
+                    self.ctl.applied(d, now=now)
+                d = self.ctl.decide(now=now)
+                if d.action != "hold":
+                    self._pending = d
+                    self._ready_at = now + self.rebuild_s
+                    trace.decisions.append(d)
+                elif not trace.decisions or trace.decisions[-1].reason_code != d.reason_code:
+                    trace.decisions.append(d)
+                if self.on_decision is not None:
+                    self.on_decision(d)
+                best = min(self.engine.true_tpot(c, ph.load) for c in self.candidates)
+                cfg = self._config_at(ph.load)
+                trace.ticks.append(Tick(now, pi, ph.load, cfg, self.engine.true_tpot(cfg, ph.load), best,
+                                        d.action, d.reason))
+        return trace
+
+    def _config_at(self, load: float) -> SpecConfig:
+        r = self._running
+        if isinstance(r, KSchedule):
+            return r.config_at(load)
+        return r if r is not None else SpecConfig.off()

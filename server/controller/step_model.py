@@ -1,0 +1,272 @@
+"""Step-time model: seconds per engine step as a function of drafting mode, K
+and batch size, fitted from measured TPOT.
+
+Per request, ``step = TPOT x tokens per step``. The model (seconds)::
+
+    step = c0 + c1 * B*(K+1)                  verification: target pass over B*(K+1) tokens
+         + [autoregressive] K * (a0 + a1*B)   K drafter passes over B rows
+         + [parallel]       p0 + p1 * B*K     one drafter pass over B*K slots
+
+fitted jointly over all modes (the target's cost is shared), on relative
+errors, with Huber weights (robust to stragglers), non-negative coefficients,
+and priors tying drafting costs to the target's (``drafter_cost_ratio_*``) so a
+mode never measured still has a sensible prediction. Measurements are
+aggregated in cells (mode, K, batch bucket) holding the median of recent step
+times; a cell's residual also corrects predictions near it, so direct
+measurements win over the global fit where they exist.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from ._linalg import median, nonneg_lstsq
+from .observation import Observation
+from .settings import StepModelSettings
+from .spec import AUTOREGRESSIVE, OFF, PARALLEL, Mode
+
+PARAM_NAMES = ("c0", "c1", "a0", "a1", "p0", "p1")
+
+
+def features(mode: Mode, k: float, batch: float) -> list[float]:
+    b = max(1.0, batch)
+    k = k if mode != OFF else 0.0
+    ar = 1.0 if mode == AUTOREGRESSIVE else 0.0
+    par = 1.0 if mode == PARALLEL else 0.0
+    return [1.0, b * (k + 1.0), ar * k, ar * k * b, par, par * b * k]
+
+
+class _Cell:
+    __slots__ = ("mode", "k", "bucket", "n", "last_idx", "batch", "k_mean", "recent", "count")
+
+    def __init__(self, mode: Mode, k: int, bucket: int, recent: int) -> None:
+        self.mode, self.k, self.bucket = mode, k, bucket
+        self.n = 0.0
+        self.last_idx = 0
+        self.batch = 0.0
+        self.k_mean = 0.0
+        self.recent: deque[float] = deque(maxlen=recent)
+        self.count = 0
+
+    def weight(self, idx: int, gamma: float) -> float:
+        return self.n * gamma ** (idx - self.last_idx)
+
+
+@dataclass(frozen=True)
+class StepFit:
+    coef: tuple[float, ...]
+    """c0, c1, a0, a1, p0, p1 (seconds)."""
+    robust_sd: float
+    """Robust spread of relative residuals across cells."""
+    cells: int
+
+    def as_dict(self) -> dict:
+        return {n: v for n, v in zip(PARAM_NAMES, self.coef)} | {
+            "robust_sd": self.robust_sd, "cells": self.cells}
+
+
+class StepTimeModel:
+    def __init__(self, settings: StepModelSettings) -> None:
+        self.s = settings
+        self._cells: dict[tuple[Mode, int, int], _Cell] = {}
+        self._idx = 0
+        self._gamma = 0.5 ** (1.0 / settings.half_life_requests)
+        self._fit: StepFit | None = None
+        self._dirty = True
+        self._corr_cache: dict[tuple[Mode, int, int], float] = {}
+        self._resid: dict | None = None
+
+    # -- updates -------------------------------------------------------------
+    def bucket(self, batch: float) -> int:
+        return int(round(math.log2(max(1.0, batch)) * self.s.buckets_per_doubling))
+
+    def observe(self, obs: Observation) -> None:
+        self._idx += 1
+        # the first token's time is TTFT's; TPOT needs two tokens
+        if obs.output_tokens < 2 or obs.tpot_s <= 0:
+            return
+        mode = obs.config.mode
+        k_mean = obs.mean_k if mode != OFF else 0.0
+        key = (mode, int(round(k_mean)), self.bucket(obs.batch_size))
+        cell = self._cells.get(key)
+        if cell is None:
+            cell = self._cells[key] = _Cell(mode, key[1], key[2], self.s.recent_per_cell)
+        w = cell.weight(self._idx, self._gamma)
+        cell.n = w + 1.0
+        cell.last_idx = self._idx
+        cell.batch += (max(1.0, obs.batch_size) - cell.batch) / cell.n
+        cell.k_mean += (k_mean - cell.k_mean) / cell.n
+        cell.recent.append(obs.step_time_s)
+        cell.count += 1
+        self._dirty = True
+
+    def forget(self, keep: float) -> None:
+        for c in self._cells.values():
+            c.n *= keep
+        self._dirty = True
+
+    # -- fitting ---------------------------------------------------------------
+    def fit(self) -> StepFit | None:
+        """Refit if new data arrived since the last fit (decide() calls this)."""
+        if not self._dirty:
+            return self._fit
+        self._dirty = False
+        self._corr_cache.clear()
+        self._resid = None
+        cells = [c for c in self._cells.values() if c.recent and c.weight(self._idx, self._gamma) > 1e-3]
+        if not cells:
+            self._fit = None
+            return None
+        s = self.s
+        ys = [median(c.recent) for c in cells]
+        xs = [features(c.mode, c.k_mean, c.batch) for c in cells]
+        base_w = [min(c.weight(self._idx, self._gamma), s.cell_weight_cap) for c in cells]
+        total_w = sum(base_w)
+        b_typ = sum(w * c.batch for w, c in zip(base_w, cells)) / total_w
+        y_typ = median(ys)
+        lam = s.prior_strength * total_w / len(cells)
+        rA, rP = s.drafter_cost_ratio_autoregressive, s.drafter_cost_ratio_parallel
+        # start: the target alone explains everything
+        c0 = max(y_typ * 0.5, 1e-9)
+        c1 = c0 * 0.05 / b_typ
+        huber = [1.0] * len(cells)
+        coef = [c0, c1, 0.0, 0.0, 0.0, 0.0]
+        sd = 0.0
+        for _ in range(6):
+            prev = coef
+            rows, targets, weights = [], [], []
+            for x, y, w, h in zip(xs, ys, base_w, huber):
+                rows.append([v / y for v in x])  # relative errors: divide through by y
+                targets.append(1.0)
+                weights.append(w * h)
+            # priors: drafting costs a fraction of the target's; the per-token
+            # cost a small fraction of the fixed cost (weak; only binds when
+            # a single batch size was measured)
+            scales = [None, None, 4.0, 4.0 * b_typ, 1.0, 4.0 * b_typ]
+            prior = [None, None, rA * c0, rA * c1, rP * c0, rP * c1]
+            for j in (2, 3, 4, 5):
+                row = [0.0] * 6
+                row[j] = scales[j] / y_typ
+                rows.append(row)
+                targets.append(scales[j] * prior[j] / y_typ)
+                weights.append(lam)
+            row = [0.0] * 6
+            row[0] = -0.05 / y_typ
+            row[1] = b_typ / y_typ
+            rows.append(row)  # c1*b_typ ~ 0.05*c0
+            targets.append(0.0)
+            weights.append(lam * 0.05)
+            try:
+                coef = nonneg_lstsq(rows, targets, weights)
+            except ZeroDivisionError:
+                break
+            c0, c1 = max(coef[0], 1e-12), coef[1]
+            resid = [(y - _dot(x, coef)) / y for x, y in zip(xs, ys)]
+            sd = 1.4826 * median([abs(r) for r in resid]) if len(resid) >= 3 else 0.0
+            scale = max(sd, 0.02)
+            huber = [1.0 if abs(r) <= s.huber_k * scale else s.huber_k * scale / abs(r) for r in resid]
+            if all(abs(a - b) <= 1e-3 * max(abs(a), 1e-12) for a, b in zip(coef, prev)):
+                break  # converged
+        self._fit = StepFit(tuple(coef), sd, len(cells))
+        return self._fit
+
+    # -- predictions -------------------------------------------------------------
+    def predict(self, mode: Mode, k: int, batch: float, *, local: bool = True) -> float | None:
+        """Seconds per step; None before any data."""
+        fit = self.fit()
+        if fit is None:
+            return None
+        k = k if mode != OFF else 0
+        c0, c1, a0, a1, p0, p1 = fit.coef
+        b = batch if batch > 1.0 else 1.0
+        base = c0 + c1 * b * (k + 1)
+        if mode == AUTOREGRESSIVE:
+            base += k * (a0 + a1 * b)
+        elif mode == PARALLEL:
+            base += p0 + p1 * b * k
+        base = max(base, 1e-9)
+        if local:
+            base *= 1.0 + self._correction(mode, k, batch)
+        return base
+
+    def _correction(self, mode: Mode, k: int, batch: float) -> float:
+        b = self.bucket(batch)
+        key = (mode, k, b)
+        corr = self._corr_cache.get(key)
+        if corr is not None:
+            return corr
+        if self._resid is None:
+            self._resid = self._cell_residuals()
+        num = den = 0.0
+        for cb, r, w in self._resid.get((mode, k), ()):
+            # nearby batch sizes count, fading with distance in doublings
+            wk = w * math.exp(-2.0 * abs(cb - b) / self.s.buckets_per_doubling)
+            num += wk * r
+            den += wk
+        corr = 0.0 if den <= 0 else (num / den) * den / (den + self.s.local_correction_strength)
+        self._corr_cache[key] = corr
+        return corr
+
+    def _cell_residuals(self) -> dict[tuple[Mode, int], list[tuple[int, float, float]]]:
+        """Per (mode, K): (bucket, relative residual, weight) of each cell, once per fit."""
+        out: dict[tuple[Mode, int], list[tuple[int, float, float]]] = {}
+        coef = self._fit.coef
+        for c in self._cells.values():
+            if not c.recent:
+                continue
+            pred = max(_dot(features(c.mode, c.k_mean, c.batch), coef), 1e-9)
+            w = min(c.weight(self._idx, self._gamma), self.s.cell_weight_cap)
+            out.setdefault((c.mode, c.k), []).append((c.bucket, median(c.recent) / pred - 1.0, w))
+        return out
+
+    def samples(self, mode: Mode, k: int | None = None, batch: float | None = None) -> float:
+        """Effective requests behind a mode (and K, near a batch size)."""
+        tot = 0.0
+        for c in self._cells.values():
+            if c.mode != mode or (k is not None and c.k != (k if mode != OFF else 0)):
+                continue
+            w = c.weight(self._idx, self._gamma)
+            if batch is not None:
+                w *= math.exp(-2.0 * abs(c.bucket - self.bucket(batch)) / self.s.buckets_per_doubling)
+            tot += w
+        return tot
+
+    def count(self, mode: Mode, k: int) -> int:
+        """Requests ever measured under (mode, K) (no forgetting)."""
+        k = k if mode != OFF else 0
+        return sum(c.count for c in self._cells.values() if c.mode == mode and c.k == k)
+
+    # -- persistence -------------------------------------------------------------
+    def to_dict(self) -> dict:
+        out = []
+        for c in self._cells.values():
+            out.append({
+                "mode": c.mode, "k": c.k, "bucket": c.bucket,
+                "n": round(c.weight(self._idx, self._gamma), 4), "batch": round(c.batch, 4),
+                "k_mean": round(c.k_mean, 4), "recent": [float(f"{v:.6g}") for v in c.recent],
+                "count": c.count,
+            })
+        return {"cells": out}
+
+    def load_dict(self, d: dict) -> None:
+        cells: dict[tuple[Mode, int, int], _Cell] = {}
+        for e in d.get("cells", []):
+            mode = e["mode"]
+            if mode not in (OFF, AUTOREGRESSIVE, PARALLEL):
+                raise ValueError(f"unknown mode {mode!r} in step-time cells")
+            c = _Cell(mode, int(e["k"]), int(e["bucket"]), self.s.recent_per_cell)
+            c.n, c.batch, c.k_mean = float(e["n"]), float(e["batch"]), float(e["k_mean"])
+            if c.n < 0 or c.batch < 0 or any(float(v) <= 0 for v in e["recent"]):
+                raise ValueError("step-time cell with negative weight or non-positive time")
+            c.recent.extend(float(v) for v in e["recent"])
+            c.count = int(e.get("count", 0))
+            c.last_idx = self._idx
+            cells[(c.mode, c.k, c.bucket)] = c
+        self._cells = cells
+        self._dirty = True
+
+
+def _dot(x, c) -> float:
+    return sum(a * b for a, b in zip(x, c))

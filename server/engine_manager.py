@@ -1,0 +1,196 @@
+"""The serving engine's life: start, switch to another speculative config,
+restart after a crash, drain on shutdown. Requests never see a half-built engine.
+
+Switching (vLLM 0.32 fixes the speculative config at engine start): the new
+engine is built while the old one keeps serving; new requests go to the new
+one once it is ready; the old one finishes its in-flight streams and is shut
+down. Both fit in memory for the models this targets; ``drain_first=True``
+drains before building, for machines where they would not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable
+
+from quickdraft.server.config import QuickdraftConfig
+from quickdraft.server.engine import Engine, EngineError, SpecMode
+from quickdraft.server.requests import RequestError
+
+log = logging.getLogger("quickdraft.engine")
+
+STARTING, SERVING, SWITCHING, RESTARTING, DRAINING, STOPPED, FAILED = (
+    "starting", "serving", "switching", "restarting", "draining", "stopped", "failed",
+)
+
+
+@dataclass
+class ManagerStats:
+    rebuilds: int = 0
+    restarts: int = 0
+    last_recovery_s: float | None = None
+    last_switch_s: float | None = None
+    failed_switches: int = 0
+    history: list[dict] = field(default_factory=list)
+
+
+class EngineManager:
+    def __init__(self, cfg: QuickdraftConfig, on_state: Callable[[str], None] = lambda s: None, engine_factory=Engine.start):
+        self.cfg = cfg
+        self.engine: Engine | None = None
+        self.state = STARTING
+        self.stats = ManagerStats()
+        self._on_state = on_state
+        self._factory = engine_factory
+        self._in_flight: dict[int, int] = {}
+        self._idle: dict[int, asyncio.Event] = {}
+        self._lock = asyncio.Lock()
+        self._watch_task: asyncio.Task | None = None
+        self.on_engine_change: list[Callable[[Engine], None]] = []
+
+    def _set(self, state: str) -> None:
+        if state != self.state:
+            log.info("engine state: %s -> %s", self.state, state)
+            self.state = state
+            self._on_state(state)
+
+    @property
+    def serving(self) -> bool:
+        return self.state in (SERVING, SWITCHING) and self.engine is not None and not self.engine.dead
+
+    async def start(self, mode: SpecMode) -> Engine:
+        self._set(STARTING)
+        try:
+            self.engine = await self._factory(self.cfg, mode)
+        except Exception:
+            self._set(FAILED)
+            raise
+        self._notify()
+        self._set(SERVING)
+        self._watch_task = asyncio.create_task(self._watch(), name="engine-watch")
+        return self.engine
+
+    def _notify(self) -> None:
+        for cb in self.on_engine_change:
+            cb(self.engine)
+
+    @asynccontextmanager
+    async def lease(self) -> AsyncIterator[Engine]:
+        """The engine a new request runs on, held until the request ends."""
+        engine = self.engine
+        if engine is None or not self.serving:
+            raise RequestError("UNAVAILABLE", f"engine is {self.state}; retry shortly")
+        key = id(engine)
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        self._idle.setdefault(key, asyncio.Event()).clear()
+        try:
+            yield engine
+        finally:
+            self._in_flight[key] -= 1
+            if self._in_flight[key] == 0:
+                self._idle[key].set()
+
+    def in_flight(self, engine: Engine | None = None) -> int:
+        engine = engine or self.engine
+        return self._in_flight.get(id(engine), 0) if engine else 0
+
+    async def _wait_idle(self, engine: Engine, timeout: float) -> bool:
+        if self.in_flight(engine) == 0:
+            return True
+        try:
+            await asyncio.wait_for(self._idle[id(engine)].wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def switch(self, mode: SpecMode, reason: str = "", drain_first: bool = False, drain_timeout: float = 60.0) -> bool:
+        """Serve `mode` from now on. False (and the old engine keeps serving) if the new one fails to start."""
+        async with self._lock:
+            old = self.engine
+            if old is not None and old.mode == mode:
+                return True
+            t0 = time.monotonic()
+            log.info("switching engine to %s (%s)", mode.label(), reason or "requested")
+            self._set(SWITCHING)
+            if drain_first and old is not None:
+                self._set(DRAINING)
+                await self._wait_idle(old, drain_timeout)
+                old.shutdown()
+                self.engine = None
+            try:
+                new = await self._factory(self.cfg, mode)
+            except Exception as e:  # noqa: BLE001
+                self.stats.failed_switches += 1
+                log.error("engine for %s failed to start: %s; keeping %s", mode.label(), e, old.mode.label() if old else "none")
+                if drain_first or old is None:
+                    # Nothing left serving: bring back what we had.
+                    self.engine = await self._factory(self.cfg, old.mode) if old else None
+                self._set(SERVING if self.engine else FAILED)
+                return False
+            self.engine = new
+            self._notify()
+            self.stats.rebuilds += 1
+            self.stats.last_switch_s = time.monotonic() - t0
+            self.stats.history.append({"time": time.time(), "from": old.mode.label() if old else None, "to": mode.label(), "reason": reason, "seconds": round(self.stats.last_switch_s, 2)})
+            self._set(SERVING)
+        if old is not None and not drain_first:
+            # The old engine finishes what it started, then goes.
+            asyncio.create_task(self._retire(old, drain_timeout), name="engine-retire")
+        return True
+
+    async def _retire(self, engine: Engine, timeout: float) -> None:
+        if not await self._wait_idle(engine, timeout):
+            log.warning("old engine still had %d streams after %.0f s; stopping it", self.in_flight(engine), timeout)
+        await asyncio.to_thread(engine.shutdown)
+        self._in_flight.pop(id(engine), None)
+        self._idle.pop(id(engine), None)
+
+    async def _watch(self) -> None:
+        """Restart the engine when it dies (vLLM marks it errored)."""
+        while True:
+            await asyncio.sleep(0.5)
+            engine = self.engine
+            if engine is None or self.state not in (SERVING,) or not engine.dead:
+                continue
+            if not self.cfg.server.engine_restart:
+                self._set(FAILED)
+                return
+            t0 = time.monotonic()
+            log.error("engine died (%s); restarting", engine.mode.label())
+            self._set(RESTARTING)
+            await asyncio.to_thread(engine.shutdown)
+            for attempt in range(1, 4):
+                try:
+                    self.engine = await self._factory(self.cfg, engine.mode)
+                    break
+                except (EngineError, Exception) as e:  # noqa: BLE001
+                    log.error("restart attempt %d failed: %s", attempt, e)
+                    await asyncio.sleep(min(10.0, 2.0**attempt))
+            else:
+                self.engine = None
+                self._set(FAILED)
+                return
+            self._notify()
+            self.stats.restarts += 1
+            self.stats.rebuilds += 1
+            self.stats.last_recovery_s = time.monotonic() - t0
+            log.info("engine back after %.1f s", self.stats.last_recovery_s)
+            self._set(SERVING)
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop taking requests; let in-flight ones finish within grace_s."""
+        self._set(DRAINING)
+        if self.engine is not None:
+            if not await self._wait_idle(self.engine, grace_s):
+                log.warning("grace period over with %d streams open; aborting them", self.in_flight())
+
+    async def stop(self) -> None:
+        if self._watch_task:
+            self._watch_task.cancel()
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.shutdown)
+        self._set(STOPPED)

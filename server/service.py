@@ -1,0 +1,229 @@
+"""CompletionService: the completion logic, with no network in it.
+
+The gRPC servicer and the HTTP endpoint are thin adapters over
+``CompletionService.complete``; tests can drive it with a fake engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable
+
+from quickdraft import __version__
+from quickdraft.server.admission import Admission
+from quickdraft.server.config import QuickdraftConfig
+from quickdraft.server.engine import hardware_description, vllm_version
+from quickdraft.server.engine_manager import EngineManager
+from quickdraft.server.requests import RequestError, prepare
+from quickdraft.server.telemetry import RequestRecord, Telemetry
+from quickdraft.v1 import completion_pb2 as pb
+
+log = logging.getLogger("quickdraft.requests")
+
+FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORTED}
+
+
+@dataclass
+class Timing:
+    """Server-side clock of one request (perf_counter seconds)."""
+
+    arrival: float
+    first: float | None = None
+    last: float | None = None
+    tokens: int = 0
+
+    def add(self, n: int, now: float) -> None:
+        if n <= 0:
+            return
+        if self.first is None:
+            self.first = now
+        self.last = now
+        self.tokens += n
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first is None else self.first - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        if self.tokens < 2 or self.first is None:
+            return None
+        return (self.last - self.first) / (self.tokens - 1)
+
+
+def speculative_stats(metrics, mode) -> pb.SpeculativeStats:
+    """Per-request figures from vLLM's per-request histogram (accepted drafts per verify step)."""
+    stats = pb.SpeculativeStats(enabled=mode.enabled, parallel_drafting=mode.parallel, num_speculative_tokens=mode.k)
+    if metrics is None or not mode.enabled:
+        return stats
+    hist = list(metrics.histogram)
+    stats.num_drafts = sum(hist)
+    stats.num_draft_tokens = metrics.num_draft_tokens
+    stats.num_accepted_tokens = sum(j * c for j, c in enumerate(hist))
+    stats.accepted_per_position.extend(sum(hist[p:]) for p in range(1, len(hist)))
+    if stats.num_drafts:
+        stats.mean_acceptance_length = 1.0 + stats.num_accepted_tokens / stats.num_drafts
+    return stats
+
+
+@dataclass
+class Observers:
+    """Called once per finished request (controller, benchmarks)."""
+
+    callbacks: list[Callable[[RequestRecord, pb.SpeculativeStats], None]] = field(default_factory=list)
+
+    def __call__(self, record: RequestRecord, spec: pb.SpeculativeStats) -> None:
+        for cb in self.callbacks:
+            try:
+                cb(record, spec)
+            except Exception:  # noqa: BLE001 - an observer must not fail a request
+                log.exception("request observer failed")
+
+
+class CompletionService:
+    def __init__(self, cfg: QuickdraftConfig, engines: EngineManager, telemetry: Telemetry, admission: Admission | None = None):
+        self.cfg = cfg
+        self.engines = engines
+        self.telemetry = telemetry
+        self.admission = admission or Admission(cfg.limits.max_concurrent_streams, cfg.limits.max_streams_per_client)
+        self.observers = Observers()
+        self.active: dict[str, asyncio.Task] = {}
+
+    async def complete(self, req: pb.CompleteRequest, client: str = "anonymous", trace_context=None) -> AsyncIterator[pb.CompleteResponse]:
+        """Stream one completion: text deltas, then a final message.
+
+        Raises RequestError before the first message for refused requests; a
+        cancelled caller (task cancellation or generator close) aborts the
+        engine request at once.
+        """
+        timing = Timing(arrival=time.perf_counter())
+        try:
+            with self.admission.admit(client):
+                async with self.engines.lease() as engine:
+                    prepared = prepare(req, self.cfg, engine.tokenizer)
+                    async for msg in self._stream(engine, prepared, timing, trace_context):
+                        yield msg
+        except RequestError as e:
+            self.telemetry.reject(e.code)
+            raise
+
+    async def _stream(self, engine, prepared, timing: Timing, trace_context) -> AsyncIterator[pb.CompleteResponse]:
+        engine_id = f"{prepared.request_id}-{uuid.uuid4().hex[:8]}"
+        sampling = prepared.sampling.to_vllm(engine.stop_token_ids)
+        finish = "cancelled"
+        spec_metrics = None
+        finished = False
+        span = self.telemetry.tracer.start_span("gen_ai.text_completion", context=trace_context)
+        span.set_attribute("gen_ai.request.model", self.cfg.preset.name)
+        span.set_attribute("quickdraft.request_id", prepared.request_id)
+        span.set_attribute("quickdraft.latency_class", prepared.latency_class)
+        span.set_attribute("gen_ai.usage.input_tokens", prepared.prompt_tokens)
+        if self.cfg.telemetry.log_source_code:
+            span.set_attribute("quickdraft.prompt_token_ids", str(prepared.prompt_token_ids[:256]))
+        try:
+            try:
+                async for out in engine.generate(engine_id, prepared.prompt_token_ids, sampling):
+                    c = out.outputs[0]
+                    timing.add(len(c.token_ids), time.perf_counter())
+                    if c.finish_reason is not None:
+                        finish = c.finish_reason
+                        spec_metrics = c.spec_decode_metrics
+                        finished = True
+                    if c.text:
+                        yield pb.CompleteResponse(text=c.text)
+            except RequestError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                finish = "error"
+                if engine.dead:
+                    raise RequestError("UNAVAILABLE", "the engine stopped while generating; retry (the server restarts it)") from e
+                log.exception("request %s failed", prepared.request_id)
+                raise RequestError("INTERNAL", f"generation failed: {type(e).__name__}") from e
+            spec = speculative_stats(spec_metrics, engine.mode)
+            final = pb.CompleteFinal(
+                finish_reason=FINISH.get(finish, pb.FINISH_REASON_UNSPECIFIED),
+                prompt_tokens=prepared.prompt_tokens,
+                completion_tokens=timing.tokens,
+                ttft_ms=(timing.ttft or 0.0) * 1000,
+                tpot_ms=(timing.tpot or 0.0) * 1000,
+                e2e_ms=((timing.last or time.perf_counter()) - timing.arrival) * 1000,
+                speculative=spec,
+                request_id=prepared.request_id,
+            )
+            yield pb.CompleteResponse(final=final)
+        finally:
+            if not finished:
+                # Cancelled or failed: make sure the engine stops working for nobody.
+                try:
+                    await asyncio.shield(engine.abort(engine_id))
+                except BaseException:  # noqa: BLE001
+                    pass
+            spec = speculative_stats(spec_metrics, engine.mode)
+            record = RequestRecord(
+                latency_class=prepared.latency_class,
+                ttft_s=timing.ttft,
+                tpot_s=timing.tpot,
+                duration_s=time.perf_counter() - timing.arrival,
+                prompt_tokens=prepared.prompt_tokens,
+                completion_tokens=timing.tokens,
+                finish=finish,
+                spec_label=engine.mode.label(),
+                accepted_per_position=list(spec.accepted_per_position),
+                num_drafts=spec.num_drafts,
+            )
+            self.telemetry.record(record)
+            self.observers(record, spec)
+            span.set_attribute("gen_ai.usage.output_tokens", timing.tokens)
+            span.set_attribute("quickdraft.finish", finish)
+            if timing.ttft is not None:
+                span.set_attribute("quickdraft.ttft_ms", timing.ttft * 1000)
+            span.end()
+            log.info(
+                "request %s class=%s prompt_tokens=%d chars=%d sha=%s completion_tokens=%d ttft_ms=%s tpot_ms=%s finish=%s spec=%s accepted=%d/%d",
+                prepared.request_id, prepared.latency_class, prepared.prompt_tokens, prepared.prompt_chars, prepared.prompt_sha,
+                timing.tokens, _ms(timing.ttft), _ms(timing.tpot), finish, engine.mode.label(), spec.num_accepted_tokens, spec.num_draft_tokens,
+            )
+
+    def server_info(self) -> pb.ServerInfo:
+        cfg = self.cfg
+        engine = self.engines.engine
+        mode = engine.mode if engine else None
+        spec = pb.SpeculativeConfig()
+        if mode and mode.enabled:
+            spec = pb.SpeculativeConfig(
+                method="eagle3",
+                drafter=cfg.drafter_path(mode.parallel) or "",
+                num_speculative_tokens=mode.k,
+                parallel_drafting=mode.parallel,
+                per_batch_size=[pb.BatchSizeK(min_batch_size=a, max_batch_size=b, num_speculative_tokens=k) for a, b, k in (mode.per_batch_size or ())],
+            )
+        lim = cfg.limits
+        return pb.ServerInfo(
+            server_version=__version__,
+            model=cfg.target_path(),
+            drafter=spec.drafter,
+            vllm_version=vllm_version(),
+            hardware=hardware_description(),
+            speculative=spec,
+            limits=pb.Limits(
+                max_concurrent_streams=lim.max_concurrent_streams,
+                max_prompt_tokens=cfg.max_prompt_tokens(),
+                max_output_tokens=lim.max_output_tokens,
+                max_context_files=lim.max_context_files,
+                max_request_bytes=lim.max_request_bytes,
+                max_stop_sequences=lim.max_stop_sequences,
+                prompt_budget_tokens=cfg.prompt_budget_tokens(),
+                chars_per_token=cfg.preset.chars_per_token,
+            ),
+            prompt_format=cfg.preset.prompt_format,
+            state=self.engines.state,
+            preset=cfg.preset.name,
+        )
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
