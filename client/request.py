@@ -38,6 +38,10 @@ def build_request(
     """A CompleteRequest from keyword arguments (or the given one, unchanged)."""
     if request is not None:
         return request
+    if isinstance(latency_class, str):
+        if latency_class not in _LATENCY_CLASSES:
+            raise ValueError(f"latency_class must be one of {sorted(_LATENCY_CLASSES)}, got {latency_class!r}")
+        latency_class = _LATENCY_CLASSES[latency_class]
     if isinstance(context_files, Mapping):
         context_files = context_files.items()
     msg = CompleteRequest(
@@ -49,13 +53,9 @@ def build_request(
         repo_name=repo_name,
         max_tokens=max_tokens,
         stop=list(stop),
-        latency_class=_LATENCY_CLASSES.get(latency_class, latency_class)
-        if isinstance(latency_class, str)
-        else latency_class,
+        latency_class=latency_class,
         raw_prompt=raw_prompt,
     )
-    if isinstance(latency_class, str) and latency_class not in _LATENCY_CLASSES:
-        raise ValueError(f"latency_class must be one of {sorted(_LATENCY_CLASSES)}, got {latency_class!r}")
     if suffix is not None:
         msg.suffix = suffix
     if temperature is not None:

