@@ -136,13 +136,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds over all configs")
     ap.add_argument("--configs", default="all", help="comma list of labels like off,ar3,p5 (default all)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/speculation"))
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config overrides, e.g. engine.extra_args={\"async_scheduling\": true}")
     args = ap.parse_args(argv)
 
     from tqdm import tqdm
 
     from quickdraft.server.config import load_config
 
-    cfg = load_config(env={})
+    cfg = load_config(env={}, overrides=dict(item.split("=", 1) for item in args.set))
     cfg.validate()
     configs = CONFIGS
     if args.configs != "all":

@@ -54,10 +54,14 @@ def _parse(message_type):
     return parse
 
 
-def client_identity(context: grpc.aio.ServicerContext) -> str:
-    """Per-client limits key: the bearer token's hash, else the peer's address."""
+def client_identity(context: grpc.aio.ServicerContext, token_auth: bool = True) -> str:
+    """Per-client limits key: the bearer token's hash, else the peer's address.
+
+    The token counts only when the server checks tokens: otherwise any client
+    could send a fresh made-up token per call and escape its per-client limit.
+    """
     md = dict(context.invocation_metadata() or ())
-    auth = md.get("authorization", "")
+    auth = md.get("authorization", "") if token_auth else ""
     if auth:
         return "token:" + hashlib.sha256(auth.encode()).hexdigest()[:16]
     peer = context.peer() or "unknown"
@@ -68,9 +72,10 @@ def client_identity(context: grpc.aio.ServicerContext) -> str:
 class CompletionServicer:
     """gRPC adapter: protocol in, protocol out; the logic is CompletionService's."""
 
-    def __init__(self, service: CompletionService, controller_state=None):
+    def __init__(self, service: CompletionService, controller_state=None, token_auth: bool = False):
         self.service = service
         self.controller_state = controller_state
+        self.token_auth = token_auth
 
     async def Complete(self, request, context: grpc.aio.ServicerContext):
         if isinstance(request, _BadRequest):
@@ -79,7 +84,7 @@ class CompletionServicer:
         md = dict(context.invocation_metadata() or ())
         trace_ctx = self.service.telemetry.trace_context(md)
         try:
-            async for msg in self.service.complete(request, client_identity(context), trace_ctx):
+            async for msg in self.service.complete(request, client_identity(context, self.token_auth), trace_ctx):
                 yield msg
         except RequestError as e:
             await context.abort(grpc.StatusCode[e.code], e.message)
@@ -194,7 +199,7 @@ class QuickdraftServer:
             ("grpc.so_reuseport", 0),
         ]
         self.grpc = grpc.aio.server(interceptors=interceptors, options=opts)
-        servicer = CompletionServicer(self.service, controller_state=lambda: self.controller.state_proto() if self.controller else None)
+        servicer = CompletionServicer(self.service, controller_state=lambda: self.controller.state_proto() if self.controller else None, token_auth=bool(token))
         self.servicer = servicer
         self.grpc.add_generic_rpc_handlers((servicer.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
@@ -212,6 +217,12 @@ class QuickdraftServer:
             raise OSError(f"could not bind {address}: is another server using that port? Pick another with --port or server.port")
         await self.grpc.start()
         log.info("gRPC listening on %s:%d%s%s", cfg.server.host, self.port, " (TLS)" if creds else "", " (auth)" if token else "")
+        if cfg.http.enabled:
+            # Up before the engine, so /health says 503 while it starts and a taken port shows at once.
+            from quickdraft.server.http_api import HttpServer
+
+            self.http = HttpServer(cfg, self.service)
+            await self.http.start()
         self._engine_task = asyncio.create_task(self._start_engine(), name="engine-start")
         return self.port
 
@@ -222,11 +233,6 @@ class QuickdraftServer:
 
             self.controller = ControllerLoop(self.cfg, self.engines, self.service, self.telemetry)
             self.controller.start()
-        if self.cfg.http.enabled:
-            from quickdraft.server.http_api import HttpServer
-
-            self.http = HttpServer(self.cfg, self.service)
-            await self.http.start()
 
     async def wait_ready(self, timeout: float = 300.0) -> None:
         """Until the engine serves; raises what the engine start raised."""
@@ -241,10 +247,11 @@ class QuickdraftServer:
         log.info("draining: %d streams in flight, grace %.1f s", self.service.admission.open, grace)
         if self.controller:
             self.controller.stop()
+        # Both front ends drain together, within one grace period.
+        stops = [self.grpc.stop(grace)] if self.grpc is not None else []
         if self.http:
-            await self.http.stop()
-        if self.grpc is not None:
-            await self.grpc.stop(grace)
+            stops.append(self.http.stop())
+        await asyncio.gather(*stops)
         if self._engine_task and not self._engine_task.done():
             self._engine_task.cancel()
         await self.engines.stop()

@@ -7,6 +7,7 @@ The gRPC servicer and the HTTP endpoint are thin adapters over
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -105,8 +106,11 @@ class CompletionService:
             with self.admission.admit(client):
                 async with self.engines.lease() as engine:
                     prepared = prepare(req, self.cfg, engine.tokenizer)
-                    async for msg in self._stream(engine, prepared, timing, trace_context):
-                        yield msg
+                    # aclosing: when our caller closes us, the inner stream closes (and
+                    # aborts the engine request) now, not when it is garbage-collected.
+                    async with contextlib.aclosing(self._stream(engine, prepared, timing, trace_context)) as stream:
+                        async for msg in stream:
+                            yield msg
         except RequestError as e:
             self.telemetry.reject(e.code)
             raise

@@ -207,3 +207,27 @@ def test_admission_limits_and_unavailable_engine():
     err, other = asyncio.run(run())
     assert err.code == "RESOURCE_EXHAUSTED" and "max_streams_per_client" in err.message
     assert other[-1].HasField("final")
+
+
+def test_closing_the_stream_aborts_at_once():
+    """aclose() on complete() must reach the engine now, not at garbage collection."""
+
+    async def run():
+        eng = FakeEngine(SpecMode(enabled=True, parallel=True, k=5), delay=0.01, steps=[("a", 1)] * 50)
+
+        async def factory(cfg, mode):
+            return eng
+
+        cfg, manager, service = make_service(factory)
+        await manager.start(eng.mode)
+        gen = service.complete(pb.CompleteRequest(prefix="x"))
+        await gen.__anext__()
+        await gen.aclose()
+        aborted_now = list(eng.aborted)
+        open_streams = service.admission.open
+        await manager.stop()
+        return aborted_now, open_streams
+
+    aborted_now, open_streams = asyncio.run(run())
+    assert len(aborted_now) == 1
+    assert open_streams == 0
