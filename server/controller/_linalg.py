@@ -44,21 +44,26 @@ def weighted_lstsq(
     free = [j for j in range(p) if j not in fixed]
     if not free:
         return [fixed[j] for j in range(p)]
-    ata = [[0.0] * len(free) for _ in free]
-    atb = [0.0] * len(free)
+    nf = len(free)
+    ata = [[0.0] * nf for _ in free]
+    atb = [0.0] * nf
+    fixed_items = [(j, v) for j, v in fixed.items() if v]
     for r, y, w in zip(rows, targets, weights):
         if w <= 0:
             continue
-        resid_y = y - sum(r[j] * v for j, v in fixed.items())
+        if fixed_items:
+            y = y - sum(r[j] * v for j, v in fixed_items)
         fr = [r[j] for j in free]
-        for i, ri in enumerate(fr):
-            if ri == 0.0:
-                continue
+        nz = [(i, ri) for i, ri in enumerate(fr) if ri != 0.0]
+        for a, (i, ri) in enumerate(nz):
             wri = w * ri
-            atb[i] += wri * resid_y
+            atb[i] += wri * y
             row = ata[i]
-            for k, rk in enumerate(fr):
+            for k, rk in nz[a:]:  # upper triangle; mirrored below
                 row[k] += wri * rk
+    for i in range(nf):
+        for k in range(i):
+            ata[i][k] = ata[k][i]
     scale = max((ata[i][i] for i in range(len(free))), default=1.0) or 1.0
     for i in range(len(free)):
         ata[i][i] += ridge * scale

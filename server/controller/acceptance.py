@@ -97,9 +97,9 @@ class AcceptanceModel:
             st.last_idx = self._idx
         return st
 
-    def forget(self, keep: float, *, clear_recent: bool = True) -> None:
-        """Scale all evidence by ``keep`` (regime change: trust recent data)."""
-        for m in SPEC_MODES:
+    def forget(self, keep: float, *, modes: tuple[Mode, ...] = SPEC_MODES, clear_recent: bool = True) -> None:
+        """Scale the evidence of ``modes`` by ``keep`` (regime change: trust recent data)."""
+        for m in modes:
             st = self._sync(m)
             st.succ = [v * keep for v in st.succ]
             st.trials = [v * keep for v in st.trials]

@@ -121,6 +121,7 @@ def run_sweep(
     for c in concurrencies:
         cfg, sched, _ = ctl.recommend(c)
         best[c] = sched.label() if sched is not None else cfg.label()
+    ctl.reset_load()  # the sweep's concurrency says nothing about real traffic
     start_cfg, start_sched, _ = ctl.recommend(start_load)
     ctl.activate(start_cfg if start_sched is None else SpecConfig(start_sched.parallel, start_sched.max_k),
                  start_sched)

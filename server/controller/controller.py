@@ -16,19 +16,20 @@ from typing import Callable
 from .decision import Action, Decision, DecisionLog
 from .estimator import Estimator, Prediction
 from .load import LoadTracker
-from .observation import LATENCY_CLASSES, EngineSnapshot, Observation
+from .observation import EngineSnapshot, Observation
 from .settings import ControllerSettings
 from .spec import AUTOREGRESSIVE, OFF, PARALLEL, SPEC_MODES, KSchedule, Mode, SpecConfig
 
 log = logging.getLogger(__name__)
 
 PROFILE_SCHEMA = 1
+_STREAK_LOAD_BAND = math.log(1.2)  # a streak restarts when the load moves more than 20%
 
 
 @dataclass
 class _Probe:
     config: SpecConfig
-    schedule: KSchedule
+    schedule: KSchedule | None
     incumbent_tpot_s: float | None
     started_at: float | None = None  # None until the server applied it
     requests: int = 0
@@ -81,6 +82,7 @@ class Controller:
         self._streak_key: tuple | None = None
         self._streak_count = 0
         self._streak_since = now
+        self._streak_load = 1.0
         self._probe: _Probe | None = None
         self._bank = st.exploration.initial_allowance_s
         self._share = st.exploration.max_share
@@ -91,6 +93,8 @@ class Controller:
         self._k_cap: int | None = None
         self._last_pressure_at = -math.inf
         self._kv_low_since: float | None = None
+        self._kv_release_wait = st.fallback.kv_release_s
+        self._last_kv_release_at = -math.inf
         self._preempted = 0
         self._spec_blocked_until = -math.inf
         self._fallback_reason = ""
@@ -123,9 +127,10 @@ class Controller:
     def activate(self, config: SpecConfig, schedule: KSchedule | None = None, *,
                  now: float | None = None, rebuilt: bool = False) -> None:
         """Tell the controller what the engine runs (at start, or after a change
-        the controller did not propose)."""
+        the controller did not propose); it becomes the last good config."""
         now = self.clock() if now is None else now
         self._set_active(config, schedule)
+        self._last_good = (config, self._schedule)
         self._last_switch_at = now
         self._pending = None
         self._probe = None
@@ -169,6 +174,11 @@ class Controller:
             return SpecConfig.off()
         return self._schedule.config_at(self.load.current if batch is None else batch)
 
+    def reset_load(self) -> None:
+        """Forget the load history (e.g. after a calibration sweep, whose
+        concurrency says nothing about the traffic to come)."""
+        self.load = LoadTracker(self.settings.load)
+
     def start_config(self) -> tuple[SpecConfig, KSchedule | None]:
         """What to build the first engine with: the profile's last good config
         if one was loaded, else ``settings.initial``."""
@@ -195,7 +205,9 @@ class Controller:
         if mode != OFF:
             shift = self.estimator.acceptance.detect_shift(mode)
             if shift is not None:
-                self.estimator.acceptance.forget(st.acceptance.shift_keep)
+                other = PARALLEL if mode == AUTOREGRESSIVE else AUTOREGRESSIVE
+                self.estimator.acceptance.forget(st.acceptance.shift_keep, modes=(mode,))
+                self.estimator.acceptance.forget(st.acceptance.shift_keep_other, modes=(other,))
                 self.estimator.invalidate()
                 self._reset_streak(now)
                 self._event(now, "acceptance_shift",
@@ -250,7 +262,8 @@ class Controller:
         a_tpot, b_tpot = a_pred.tpot_s, b_pred.tpot_s
         same = best.mode == active.mode and best.config == active.config
         gain = 0.0 if (a_tpot is None or b_tpot is None) else (a_tpot - b_tpot) / a_tpot
-        slo_fix = not a_pred.feasible and b_pred.feasible
+        # leave for the SLO only when clearly missing it (hysteresis on a noisy quantile)
+        slo_fix = a_pred.slo_excess > 1.0 + hy.slo_margin and b_pred.feasible
         probe_note = ""
         if after_probe and self._last_probe_summary:
             probe_note = self._last_probe_summary + "; "
@@ -262,13 +275,19 @@ class Controller:
                      if runner is not None and runner.prediction.tpot_s is not None else "")
             d = self._hold(now, load, "probe_kept" if after_probe else "best",
                            f"{probe_note}{active.config.label()} is predicted best at load {load:.1f} "
-                           f"(TPOT {_ms(a_tpot)}){extra}", plan=active)
-            return self._maybe_explore(now, load, d, active, plans)
+                           f"(TPOT {_ms(a_tpot)}){extra}", plan=active, record=False)
+            return self._maybe_explore(now, load, d, active)
 
-        if gain >= hy.margin or slo_fix:
+        if after_probe:
+            threshold = st.exploration.keep_tolerance
+        else:
+            threshold = hy.margin + hy.confidence_z * self._gain_error(active, best, load)
+        if gain >= threshold or slo_fix:
             key = (best.mode, best.config.k)
-            if self._streak_key != key:
+            # the streak needs the same winner at a steady load (not a ramp)
+            if self._streak_key != key or abs(math.log(load / self._streak_load)) > _STREAK_LOAD_BAND:
                 self._streak_key, self._streak_count, self._streak_since = key, 0, now
+                self._streak_load = load
             self._streak_count += 1
             why = (f"{best.config.label()} meets the TTFT SLO and {active.config.label()} does not"
                    if slo_fix else
@@ -292,21 +311,22 @@ class Controller:
         self._reset_streak(now)
         d = self._hold(now, load, "probe_kept" if after_probe else "within_margin",
                        f"{probe_note}{best.config.label()} predicted {gain:.1%} faster than "
-                       f"{active.config.label()}, below the {hy.margin:.0%} margin", plan=active)
-        return self._maybe_explore(now, load, d, active, plans)
+                       f"{active.config.label()}, below the {threshold:.0%} needed (margin "
+                       f"{hy.margin:.0%} + uncertainty)", plan=active, record=False)
+        return self._maybe_explore(now, load, d, active)
 
-    def _maybe_explore(self, now: float, load: float, hold: Decision, active: _ModePlan,
-                       plans: list[_ModePlan]) -> Decision:
+    def _maybe_explore(self, now: float, load: float, hold: Decision, active: _ModePlan) -> Decision:
+        """A probe if one is worth it and affordable, else ``hold`` (recorded)."""
         st = self.settings
         ex = st.exploration
         if (not ex.enabled or self._k_cap is not None or self._probe is not None
                 or now - self._last_switch_at < st.hysteresis.min_dwell_s
                 or now - self._last_load_change_at < ex.stable_load_s
                 or active.prediction.tpot_s is None):
-            return hold
+            return self._record(hold)
         planned_cost = 2 * ex.rebuild_cost_s + ex.min_s
         if self._bank < planned_cost:
-            return hold
+            return self._record(hold)
         a_tpot = active.prediction.tpot_s
         best_cfg, best_opt, best_pred = None, None, None
         for cfg in st.candidates:
@@ -315,14 +335,14 @@ class Controller:
             pred = self.estimator.predict(cfg, load)
             if pred.tpot_optimistic_s is None or not pred.feasible:
                 continue
-            if self._trusted(cfg.mode) and pred.samples >= ex.min_requests:
+            if self._trusted(cfg.mode) and pred.samples >= ex.min_samples_near_load:
                 continue  # measured near this load already: the model's word stands
             opt = pred.tpot_optimistic_s * (1.0 - ex.optimism / math.sqrt(1.0 + pred.samples))
             if opt < a_tpot * (1.0 - st.hysteresis.margin) and (best_opt is None or opt < best_opt):
                 best_cfg, best_opt, best_pred = cfg, opt, pred
         if best_cfg is None:
-            return hold
-        sched = KSchedule.uniform(best_cfg, st.schedule.max_batch)
+            return self._record(hold)
+        sched = KSchedule.uniform(best_cfg, st.schedule.max_batch) if best_cfg.enabled else None
         self._probe = _Probe(best_cfg, sched, a_tpot)
         self._bank -= 2 * ex.rebuild_cost_s
         self._explore_spent_s += 2 * ex.rebuild_cost_s
@@ -382,14 +402,14 @@ class Controller:
         preempted, self._preempted = self._preempted, 0
         if kv < fb.kv_low:
             self._kv_low_since = self._kv_low_since if self._kv_low_since is not None else now
-            if self._k_cap is not None and now - self._kv_low_since >= fb.kv_release_s:
-                ks = sorted({c.k for c in self.settings.candidates if c.enabled})
-                higher = [k for k in ks if k > self._k_cap]
+            if self._k_cap is not None and now - self._kv_low_since >= self._kv_release_wait:
+                # lift the cap in one go (stepping up would rebuild once per step);
+                # if pressure comes back soon, the next release waits longer
                 old = self._k_cap
-                self._k_cap = higher[0] if higher and higher[0] < ks[-1] else None
-                self._kv_low_since = now
-                self._event(now, "kv_release", f"KV cache below {fb.kv_low:.0%} for {fb.kv_release_s:.0f} s: "
-                            f"K cap {old} -> {self._k_cap if self._k_cap is not None else 'none'}")
+                self._k_cap = None
+                self._last_kv_release_at = now
+                self._event(now, "kv_release", f"KV cache below {fb.kv_low:.0%} for "
+                            f"{self._kv_release_wait:.0f} s: K cap {old} lifted")
             return None
         self._kv_low_since = None
         if kv < fb.kv_high and not preempted:
@@ -401,6 +421,10 @@ class Controller:
             return None
         lower = [c.k for c in self.settings.candidates if c.enabled and c.parallel == self._schedule.parallel and c.k < k_now]
         new_cap = max(lower) if lower else 0
+        if now - self._last_kv_release_at < 4 * fb.kv_release_s:
+            self._kv_release_wait = min(self._kv_release_wait * 2, 16 * fb.kv_release_s)
+        elif self._k_cap is None:
+            self._kv_release_wait = fb.kv_release_s
         self._k_cap = new_cap if self._k_cap is None else min(self._k_cap, new_cap)
         self._last_pressure_at = now
         self._probe = None
@@ -420,7 +444,7 @@ class Controller:
         banned = frozenset(c for c in self.settings.candidates if self._banned(c, now))
         out = [_ModePlan(OFF, None, est.predict(SpecConfig.off(), load))]
         for parallel in (False, True):
-            sched = est.best_schedule(parallel, k_cap=self._k_cap, banned=banned)
+            sched = est.best_schedule(parallel, load=load, k_cap=self._k_cap, banned=banned)
             if sched is None:
                 continue
             cfg = sched.config_at(load)
@@ -438,6 +462,16 @@ class Controller:
         else:
             pred = self.estimator.predict(cfg, load)
         return _ModePlan(self._mode, self._schedule, pred)
+
+    def _gain_error(self, a: _ModePlan, b: _ModePlan, load: float) -> float:
+        """Standard error of the predicted relative TPOT gain of b over a."""
+        return math.sqrt(self._tpot_error(a.prediction, load) ** 2 + self._tpot_error(b.prediction, load) ** 2)
+
+    def _tpot_error(self, p: Prediction, load: float) -> float:
+        step_se = self.estimator.step.relative_error(p.config.mode, p.config.k, load)
+        z = self.settings.acceptance.credible_z
+        el_se = (p.acceptance_length_high - p.acceptance_length_low) / (2 * z * p.acceptance_length) if z else 0.0
+        return math.sqrt(step_se ** 2 + el_se ** 2)
 
     def _banned(self, cfg: SpecConfig, now: float) -> bool:
         if cfg.enabled and now < self._spec_blocked_until:
@@ -486,11 +520,12 @@ class Controller:
             self._notes.append(detail)
         log.info("controller %s: %s", kind, detail)
 
-    def _hold(self, now: float, load: float, code: str, reason: str, *, plan: _ModePlan | None = None) -> Decision:
+    def _hold(self, now: float, load: float, code: str, reason: str, *, plan: _ModePlan | None = None,
+              record: bool = True) -> Decision:
         cur = self.active_config(load)
         tpot = plan.prediction.tpot_s if plan is not None else None
-        return self._record(Decision("hold", cur, cur, self._schedule, 0.0, self._with_notes(reason), code,
-                                     now, load, tpot, tpot))
+        d = Decision("hold", cur, cur, self._schedule, 0.0, self._with_notes(reason), code, now, load, tpot, tpot)
+        return self._record(d) if record else d
 
     def _emit(self, action: Action, now: float, load: float, plan: _ModePlan, gain: float,
               reason: str, code: str, active: _ModePlan) -> Decision:
@@ -580,7 +615,7 @@ class Controller:
             "acceptance": acc,
             "step_model": fit.as_dict() if fit is not None else None,
             "ttft_model": (None if ttft_fit is None else {
-                "intercept_s": ttft_fit.intercept, "kappa": ttft_fit.kappa,
+                "intercept_s": ttft_fit.intercept, "kappa": ttft_fit.kappa, "theta_s": ttft_fit.theta,
                 "residual_quantile_s": ttft_fit.resid_q, "samples": ttft_fit.samples}),
             "slo_ttft_s": dict(self.settings.slo.ttft_s),
             "load": {"current": round(load, 3), "reference": round(self.load.slow or load, 3),

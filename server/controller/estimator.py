@@ -82,7 +82,6 @@ class Estimator:
         self._el.clear()
         self._sched_cache.clear()
         self.step.fit()
-        self.ttft.invalidate()
         self.ttft.fit(self._step_fn)
 
     def expected_length(self, mode: Mode, k: int, bound: str = "mean") -> float:
@@ -113,7 +112,7 @@ class Estimator:
         ttft: dict[str, float | None] = {}
         excess = 0.0
         for cls in LATENCY_CLASSES:
-            q = self.ttft.predict(cls, step_s, self._step_fn)
+            q = self.ttft.predict(cls, step_s, batch, self._step_fn, mode, k)
             ttft[cls] = q
             limit = self.settings.slo.ttft_s.get(cls)
             if q is not None and limit:
@@ -139,34 +138,40 @@ class Estimator:
         self,
         parallel: bool,
         *,
+        load: float = 1.0,
         k_cap: int | None = None,
         banned: frozenset[SpecConfig] = frozenset(),
     ) -> KSchedule | None:
         """Per batch size, the candidate K with the lowest predicted TPOT that
         meets the TTFT SLOs (the least violating when none does); K is made
         non-increasing in the batch size (bigger batches make verification
-        dearer), capped at ``k_cap``. None if no K of this mode is allowed."""
+        dearer), capped at ``k_cap``. With schedules disabled, one K: the best
+        at ``load``. None if no K of this mode is allowed."""
         self.refit()
-        key = (parallel, k_cap, banned)
+        uniform_at = None if self.settings.schedule.enabled else max(1, int(round(load)))
+        key = (parallel, k_cap, banned, uniform_at)
         if key in self._sched_cache:
             return self._sched_cache[key]
-        out = self._best_schedule(parallel, k_cap, banned)
+        out = self._best_schedule(parallel, k_cap, banned, uniform_at)
         self._sched_cache[key] = out
         return out
 
-    def _slo_lines(self) -> list[tuple[float, float, float]]:
-        """(TTFT at zero step time, seconds of TTFT per step second, limit) per
-        constrained class with enough samples: predicted TTFT is linear in step time."""
+    def _slo_lines(self, batch: float, mode: Mode, k: int) -> list[tuple[float, float, float]]:
+        """(TTFT at zero step time, per step second, limit) per constrained
+        class with enough samples, at ``batch``: there the predicted TTFT
+        quantile is linear in step time."""
         fit = self.ttft.fit(self._step_fn)
         out = []
         if fit is None:
             return out
         for cls, limit in self.settings.slo.ttft_s.items():
             if limit and fit.samples.get(cls, 0) >= self.settings.slo.min_samples:
-                out.append((fit.intercept[cls] + fit.resid_q[cls], fit.kappa, limit))
+                f = 1.0 + fit.residual_quantile(cls, batch, mode, k)
+                out.append(((fit.intercept[cls] + fit.theta * (max(1.0, batch) - 1.0)) * f, fit.kappa * f, limit))
         return out
 
-    def _best_schedule(self, parallel: bool, k_cap: int | None, banned: frozenset[SpecConfig]) -> KSchedule | None:
+    def _best_schedule(self, parallel: bool, k_cap: int | None, banned: frozenset[SpecConfig],
+                       uniform_at: int | None) -> KSchedule | None:
         st = self.settings
         mode: Mode = PARALLEL if parallel else AUTOREGRESSIVE
         ks = [k for k in st.ks(parallel) if (k_cap is None or k <= k_cap)
@@ -175,14 +180,14 @@ class Estimator:
             ks = [0] + ks
         if not ks or max(ks) == 0:
             return None
-        grid = _batch_grid(st.schedule.max_batch) if st.schedule.enabled else [1]
-        lines = self._slo_lines()
+        grid = _batch_grid(st.schedule.max_batch) if uniform_at is None else [uniform_at]
         step = self.step.predict
         el = {k: self.expected_length(mode, k) for k in ks}
         chosen: list[int] = []
         for b in grid:
             best_k, best_val = ks[0], None
             for k in ks:
+                lines = self._slo_lines(b, mode, k)
                 st_s = step(mode, k, b, local=k > 0)
                 if st_s is None:
                     continue
@@ -198,7 +203,7 @@ class Estimator:
             chosen[i] = min(chosen[i], chosen[i - 1])
         if max(chosen) == 0:
             return None
-        if not st.schedule.enabled:
+        if uniform_at is not None:
             return KSchedule(parallel, ((1, st.schedule.max_batch, chosen[0]),))
         # expand the grid to ranges; between grid points vLLM carries K forward
         ranges: list[tuple[int, int, int]] = []

@@ -68,6 +68,33 @@ class Observation:
                 f"latency_class {self.latency_class!r} unknown; use one of {LATENCY_CLASSES}"
             )
 
+    @classmethod
+    def from_speculative_stats(
+        cls,
+        stats,
+        *,
+        latency_class: LatencyClass,
+        ttft_s: float,
+        tpot_s: float,
+        output_tokens: int,
+        batch_size: float,
+        prompt_tokens: int = 0,
+    ) -> "Observation":
+        """From the proto's ``SpeculativeStats`` (or anything with its fields:
+        enabled, parallel_drafting, num_speculative_tokens, num_drafts,
+        num_draft_tokens, accepted_per_position)."""
+        enabled = bool(getattr(stats, "enabled", False)) and int(stats.num_speculative_tokens) > 0
+        config = SpecConfig(bool(stats.parallel_drafting), int(stats.num_speculative_tokens)) if enabled \
+            else SpecConfig.off()
+        return cls(
+            latency_class=latency_class, ttft_s=ttft_s, tpot_s=tpot_s, output_tokens=output_tokens,
+            batch_size=batch_size, config=config,
+            num_drafts=int(stats.num_drafts) if enabled else 0,
+            num_draft_tokens=int(stats.num_draft_tokens) if enabled else 0,
+            accepted_per_position=tuple(int(v) for v in stats.accepted_per_position) if enabled else (),
+            prompt_tokens=prompt_tokens,
+        )
+
     # -- derived --------------------------------------------------------------
     def accepted_prefix_counts(self) -> list[int]:
         """``accepted_per_position``, derived from the histogram when needed."""

@@ -55,13 +55,17 @@ class AcceptanceSettings:
     shift_min_trials: float = 100.0
     """Position-1 trials the recent window needs before a shift can be declared."""
     shift_keep: float = 0.1
-    """On a shift, old acceptance evidence (both modes) is scaled by this."""
+    """On a shift, the shifted mode's old acceptance evidence is scaled by this ..."""
+    shift_keep_other: float = 0.02
+    """... and the other mode's by this: what shifted one drafter (the code
+    being written) usually shifts the other, whose estimate then follows the
+    shifted mode's through the prior until it is measured again."""
     max_positions: int = MAX_K
     """Draft positions tracked."""
 
     def validate(self) -> None:
         for n in ("prior_first_autoregressive", "prior_first_parallel", "extrapolation_decay",
-                  "parallel_vs_autoregressive", "shift_threshold", "shift_keep"):
+                  "parallel_vs_autoregressive", "shift_threshold", "shift_keep", "shift_keep_other"):
             _fraction(f"acceptance.{n}", getattr(self, n), open_low=True)
         _check(self.prior_strength > 0, "acceptance.prior_strength must be > 0 pseudo-trials")
         _check(self.half_life_requests > 0, "acceptance.half_life_requests must be > 0")
@@ -80,11 +84,14 @@ class StepModelSettings:
     drafter_cost_ratio_parallel: float = 0.25
     """Prior: the parallel drafter pass's fixed and per-draft-token costs as a
     fraction of the target's fixed and per-token costs."""
-    prior_strength: float = 2.0
-    """Weight of the drafting-cost priors, in measured cells' units."""
+    prior_strength: float = 0.05
+    """Weight of the drafting-cost priors, in measured cells' units. Small:
+    they only need to pin what the data leave undetermined (a mode never
+    measured, or measured at one K and batch size); stronger priors bias
+    well-measured modes toward the prior ratios."""
     half_life_requests: float = 2000.0
     """Old step-time evidence loses half its weight after this many requests."""
-    recent_per_cell: int = 16
+    recent_per_cell: int = 48
     """Step times kept per (mode, K, batch bucket) cell; the cell's value is their median."""
     buckets_per_doubling: int = 4
     """Batch-size resolution of cells: buckets per doubling of the batch."""
@@ -120,8 +127,9 @@ class SLOSettings:
     """Which TTFT quantile the limits apply to."""
     min_samples: int = 12
     """Requests of a class before its SLO is enforced (unknown TTFT never excludes)."""
-    window: int = 128
-    """Recent requests per class the TTFT model is fitted on."""
+    window: int = 64
+    """Recent requests kept per (latency class, config, load bucket) for the
+    TTFT model; each config keeps its record while others run."""
     kappa_prior: float = 1.5
     """Prior for TTFT's growth per second of step time (half a step waiting on
     average, plus the step that carries the prefill)."""
@@ -143,10 +151,13 @@ class HysteresisSettings:
     """Keeps the controller from flapping; a switch may rebuild the engine."""
 
     margin: float = 0.07
-    """Switch only for a predicted TPOT gain above this fraction."""
-    sustain_decisions: int = 3
+    """Switch only for a predicted TPOT gain above this fraction ..."""
+    confidence_z: float = 1.0
+    """... plus this many standard errors of the predicted gain (noisy
+    hardware or few measurements demand a larger gain) ..."""
+    sustain_decisions: int = 2
     """... held by this many consecutive decide() calls ..."""
-    sustain_s: float = 4.0
+    sustain_s: float = 3.0
     """... over at least this many seconds ..."""
     min_dwell_s: float = 30.0
     """... and at least this long after the previous switch (CPU rebuilds take ~15 s) ..."""
@@ -156,9 +167,14 @@ class HysteresisSettings:
     """A switch neither applied() nor apply_failed() by then is dropped."""
     failed_config_cooldown_s: float = 300.0
     """A config whose switch failed is not proposed again for this long."""
+    slo_margin: float = 0.1
+    """Leave a config for missing a TTFT SLO only when its predicted TTFT
+    exceeds the limit by this fraction (entering requires meeting the limit)."""
 
     def validate(self) -> None:
         _check(0 <= self.margin < 1, "hysteresis.margin must be a fraction in [0, 1)")
+        _check(self.confidence_z >= 0, "hysteresis.confidence_z must be >= 0 standard errors")
+        _check(0 <= self.slo_margin < 1, "hysteresis.slo_margin must be a fraction in [0, 1)")
         _check(self.sustain_decisions >= 1, "hysteresis.sustain_decisions must be >= 1")
         _check(self.sustain_s >= 0 and self.min_dwell_s >= 0 and self.min_dwell_after_load_change_s >= 0,
                "hysteresis times must be >= 0")
@@ -193,6 +209,12 @@ class ExplorationSettings:
     optimism: float = 0.15
     """TPOT bonus (fraction) for a config with no requests near the current
     load; shrinks as 1/sqrt(1 + requests)."""
+    min_samples_near_load: float = 4.0
+    """A config with this many effective requests near the current load
+    counts as measured there and is not probed again."""
+    keep_tolerance: float = 0.01
+    """After a probe, the probed config stays only if no config is predicted
+    more than this much faster (returning is already paid for)."""
     min_samples_trusted: float = 8.0
     """Requests a drafting mode needs before the policy switches to it on the
     model's word alone; before that, reaching it is a (budgeted) probe."""
@@ -207,7 +229,9 @@ class ExplorationSettings:
         _check(self.min_requests >= 1, "exploration.min_requests must be >= 1")
         _check(0 <= self.min_s <= self.max_s, "exploration needs 0 <= min_s <= max_s")
         _check(0 <= self.optimism < 1, "exploration.optimism must be in [0, 1)")
-        _check(self.min_samples_trusted >= 0, "exploration.min_samples_trusted must be >= 0")
+        _check(self.min_samples_trusted >= 0 and self.min_samples_near_load >= 0,
+               "exploration sample thresholds must be >= 0")
+        _check(0 <= self.keep_tolerance < 0.5, "exploration.keep_tolerance must be a small fraction")
 
 
 @dataclass
@@ -219,9 +243,10 @@ class FallbackSettings:
     kv_critical: float = 0.97
     """... and at which it may be reduced again without waiting ``pressure_min_interval_s``."""
     kv_low: float = 0.75
-    """The K cap is lifted one step after usage stayed below this ..."""
+    """The K cap is lifted after usage stayed below this ..."""
     kv_release_s: float = 60.0
-    """... for this long."""
+    """... for this long (doubling, up to 16x, when pressure returns within
+    four times this after a release)."""
     pressure_min_interval_s: float = 10.0
     """Minimum time between two pressure reductions (let the last one act)."""
     collapse_acceptance_length: float = 1.1
@@ -249,7 +274,7 @@ class FallbackSettings:
 class LoadSettings:
     """Load tracking and load-regime detection."""
 
-    fast_tau_s: float = 3.0
+    fast_tau_s: float = 1.5
     """Time constant of the load estimate decisions use."""
     slow_tau_s: float = 60.0
     """Time constant of the reference a regime change is measured against."""

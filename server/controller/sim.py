@@ -89,6 +89,24 @@ class SimCost:
         return t
 
 
+# Scenarios with known answers (tests and dry runs) ---------------------------
+
+CROSSING_COST = SimCost(base_s=0.010, per_token_s=0.0005, flat_tokens=8, ar_pass_s=0.0015,
+                        ar_pass_per_req_s=0.00005, par_pass_s=0.0015, par_per_slot_s=0.00005)
+"""GPU-like: verification is flat up to 8 tokens, so at batch 1 parallel K=7
+wins; at batch 8 verifying 64 tokens is dear and K=1-3 win (the cost curves
+cross, as in vLLM PR #32887's B200 numbers)."""
+CROSSING_ACCEPTANCE = SimAcceptance(
+    conditional_from_marginal((0.80, 0.62, 0.48, 0.37, 0.28, 0.21, 0.16)),
+    conditional_from_marginal((0.75, 0.55, 0.42, 0.33, 0.26, 0.20, 0.15)),
+)
+"""Code-completion-like acceptance (higher tails than anchors.md's HumanEval)."""
+CPU_COST = SimCost(base_s=0.006, per_token_s=0.0008, ar_pass_s=0.0004, ar_pass_per_req_s=0.0001,
+                   par_pass_s=0.0006, par_per_slot_s=0.0004)
+"""CPU-like: every verified token costs; with anchors.md acceptance,
+autoregressive K=3 wins at batch 1, K=1 at 4-8, no speculation at 16."""
+
+
 @dataclass
 class SimulatedEngine:
     cost: SimCost = field(default_factory=SimCost)
@@ -102,6 +120,10 @@ class SimulatedEngine:
 
     def true_tpot(self, config: SpecConfig, batch: float) -> float:
         return self.cost.step(config.mode, config.k, batch) / self.acceptance.expected_length(config.mode, config.k)
+
+    def request_seconds(self, config: SpecConfig, batch: float) -> float:
+        """Mean duration of one request (sets how fast requests finish)."""
+        return self.cost.prefill_s + sum(self.tokens) / 2 * self.true_tpot(config, batch)
 
     def true_ttft_p95(self, config: SpecConfig, batch: float) -> float:
         st = self.cost.step(config.mode, config.k, batch)
@@ -150,6 +172,54 @@ class SimulatedEngine:
         )
 
 
+class TraceEngine:
+    """Replays recorded observations: a request under (config, batch) is drawn
+    (seeded) from those recorded under that config at the nearest recorded
+    concurrency. ``true_tpot`` is the recorded median TPOT."""
+
+    def __init__(self, observations: Sequence[Observation], seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self._by: dict[tuple[SpecConfig, float], list[Observation]] = {}
+        for o in observations:
+            self._by.setdefault((o.config, round(o.batch_size)), []).append(o)
+        self.acceptance = None  # phases cannot swap acceptance on a recording
+
+    def _pool(self, config: SpecConfig, batch: float) -> list[Observation]:
+        keys = [k for k in self._by if k[0] == config]
+        if not keys:
+            raise KeyError(f"no recording for {config.label()}")
+        key = min(keys, key=lambda k: (abs(math.log(max(1.0, batch) / max(1.0, k[1]))), k[1]))
+        return self._by[key]
+
+    def configs(self) -> list[SpecConfig]:
+        return sorted({k[0] for k in self._by})
+
+    def true_tpot(self, config: SpecConfig, batch: float) -> float:
+        tp = sorted(o.tpot_s for o in self._pool(config, batch))
+        return tp[len(tp) // 2]
+
+    def request_seconds(self, config: SpecConfig, batch: float) -> float:
+        pool = self._pool(config, batch)
+        return sum(o.ttft_s + o.tpot_s * (o.output_tokens - 1) for o in pool) / len(pool)
+
+    def best_static(self, configs: Iterable[SpecConfig], batch: float) -> SpecConfig:
+        return min(configs, key=lambda c: self.true_tpot(c, batch))
+
+    def requests(self, engine: SpecConfig | KSchedule | None, batch: float, n: int) -> list[Observation]:
+        if isinstance(engine, KSchedule):
+            cfg = engine.config_at(batch)
+        else:
+            cfg = engine if engine is not None else SpecConfig.off()
+        pool = self._pool(cfg, batch)
+        out = []
+        for _ in range(n):
+            o = pool[self.rng.randrange(len(pool))]
+            out.append(Observation(o.latency_class, o.ttft_s, o.tpot_s, o.output_tokens, float(batch), cfg,
+                                   o.num_drafts, o.num_draft_tokens, o.accepted_per_position,
+                                   o.draft_tokens_per_position, o.accepted_histogram, o.prompt_tokens))
+        return out
+
+
 class FakeClock:
     """A clock tests advance by hand."""
 
@@ -185,6 +255,8 @@ class Tick:
     best_tpot_s: float
     action: str
     reason: str
+    observations: int = 0
+    """Requests observed so far (cumulative)."""
 
 
 @dataclass
@@ -219,6 +291,20 @@ class HarnessTrace:
             return None
         return last_bad.t - ts[0].t + (ts[1].t - ts[0].t if len(ts) > 1 else 0.0)
 
+    def observations_to_converge(self, phase: int, tolerance: float = 0.05) -> int | None:
+        """Requests observed from the phase's start until the engine stayed
+        within ``tolerance`` of the best static TPOT for the rest of the phase."""
+        ts = self.phase_ticks(phase)
+        if not ts:
+            return None
+        start = ts[0].observations
+        bad = [i for i, t in enumerate(ts) if t.true_tpot_s > t.best_tpot_s * (1 + tolerance)]
+        if not bad:
+            return 0
+        if bad[-1] == len(ts) - 1:
+            return None
+        return ts[bad[-1] + 1].observations - start
+
     def regret(self, phase: int) -> float:
         """Mean relative TPOT excess over the best static config during a phase."""
         ts = self.phase_ticks(phase)
@@ -232,7 +318,7 @@ class Harness:
     during which the old engine keeps serving."""
 
     def __init__(self, controller, engine: SimulatedEngine, clock: FakeClock, *,
-                 tick_s: float = 1.0, rebuild_s: float = 15.0,
+                 tick_s: float = 1.0, rebuild_s: float = 15.0, decide_every: int = 1,
                  candidates: Sequence[SpecConfig] | None = None,
                  on_decision: Callable | None = None) -> None:
         self.ctl = controller
@@ -242,6 +328,8 @@ class Harness:
         self.rebuild_s = rebuild_s
         self.candidates = tuple(candidates or controller.settings.candidates)
         self.on_decision = on_decision
+        self.decide_every = decide_every
+        self._ticks = 0
         self._running: SpecConfig | KSchedule | None = controller.active_schedule
         self._pending = None
         self._ready_at = 0.0
@@ -251,14 +339,15 @@ class Harness:
         trace = trace or HarnessTrace()
         for pi, ph in enumerate(phases):
             if ph.acceptance is not None:
+                if not isinstance(self.engine, SimulatedEngine):
+                    raise ValueError("only a SimulatedEngine can change acceptance between phases")
                 self.engine.acceptance = ph.acceptance
             end = self.clock.t + ph.duration_s
             while self.clock.t < end - 1e-9:
                 self.clock.advance(self.tick_s)
                 now = self.clock.t
                 cfg = self._config_at(ph.load)
-                dur = self.engine.cost.prefill_s + 64 * self.engine.true_tpot(cfg, ph.load)
-                self._acc += ph.load * self.tick_s / dur
+                self._acc += ph.load * self.tick_s / self.engine.request_seconds(cfg, ph.load)
                 n = int(self._acc)
                 self._acc -= n
                 for obs in self.engine.requests(self._running, ph.load, n):
@@ -269,19 +358,23 @@ class Harness:
                     d, self._pending = self._pending, None
                     self._running = d.schedule
                     self.ctl.applied(d, now=now)
-                d = self.ctl.decide(now=now)
-                if d.action != "hold":
-                    self._pending = d
-                    self._ready_at = now + self.rebuild_s
-                    trace.decisions.append(d)
-                elif not trace.decisions or trace.decisions[-1].reason_code != d.reason_code:
-                    trace.decisions.append(d)
-                if self.on_decision is not None:
-                    self.on_decision(d)
+                self._ticks += 1
+                action, reason = "", ""
+                if self._ticks % self.decide_every == 0:
+                    d = self.ctl.decide(now=now)
+                    action, reason = d.action, d.reason
+                    if d.action != "hold":
+                        self._pending = d
+                        self._ready_at = now + self.rebuild_s
+                        trace.decisions.append(d)
+                    elif not trace.decisions or trace.decisions[-1].reason_code != d.reason_code:
+                        trace.decisions.append(d)
+                    if self.on_decision is not None:
+                        self.on_decision(d)
                 best = min(self.engine.true_tpot(c, ph.load) for c in self.candidates)
                 cfg = self._config_at(ph.load)
                 trace.ticks.append(Tick(now, pi, ph.load, cfg, self.engine.true_tpot(cfg, ph.load), best,
-                                        d.action, d.reason))
+                                        action, reason, trace.observations))
         return trace
 
     def _config_at(self, load: float) -> SpecConfig:
@@ -289,3 +382,17 @@ class Harness:
         if isinstance(r, KSchedule):
             return r.config_at(load)
         return r if r is not None else SpecConfig.off()
+
+
+def calibrated(engine: SimulatedEngine, settings=None, clock: FakeClock | None = None,
+               requests: int = 24, concurrencies: Sequence[int] = (1, 4, 8, 16)):
+    """A controller fed by a calibration sweep on ``engine`` (as after
+    ``quickdraft tune``), on a fake clock; returns (controller, clock)."""
+    from .calibrate import run_sweep
+    from .controller import Controller
+
+    clock = clock or FakeClock()
+    ctl = Controller(settings, clock=clock)
+    run_sweep(lambda c, n: engine.requests(c, n, requests), controller=ctl,
+              concurrencies=concurrencies, progress=False)
+    return ctl, clock

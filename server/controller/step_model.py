@@ -77,10 +77,17 @@ class StepTimeModel:
         self._dirty = True
         self._corr_cache: dict[tuple[Mode, int, int], float] = {}
         self._resid: dict | None = None
+        self._cell_se: dict[tuple[Mode, int], list[tuple[int, float]]] = {}
+        self._bucket_memo: dict[float, int] = {}
 
     # -- updates -------------------------------------------------------------
     def bucket(self, batch: float) -> int:
-        return int(round(math.log2(max(1.0, batch)) * self.s.buckets_per_doubling))
+        b = self._bucket_memo.get(batch)
+        if b is None:
+            b = int(round(math.log2(max(1.0, batch)) * self.s.buckets_per_doubling))
+            if len(self._bucket_memo) < 4096:
+                self._bucket_memo[batch] = b
+        return b
 
     def observe(self, obs: Observation) -> None:
         self._idx += 1
@@ -128,11 +135,18 @@ class StepTimeModel:
         y_typ = median(ys)
         lam = s.prior_strength * total_w / len(cells)
         rA, rP = s.drafter_cost_ratio_autoregressive, s.drafter_cost_ratio_parallel
-        # start: the target alone explains everything
-        c0 = max(y_typ * 0.5, 1e-9)
-        c1 = c0 * 0.05 / b_typ
-        huber = [1.0] * len(cells)
-        coef = [c0, c1, 0.0, 0.0, 0.0, 0.0]
+        if self._fit is not None:
+            # warm start from the last fit: a few new requests barely move it,
+            # so one or two iterations suffice
+            coef = list(self._fit.coef)
+            c0, c1 = max(coef[0], 1e-12), coef[1]
+            huber = self._huber(xs, ys, coef)[1]
+        else:
+            # cold start: the target alone explains everything
+            c0 = max(y_typ * 0.5, 1e-9)
+            c1 = c0 * 0.05 / b_typ
+            huber = [1.0] * len(cells)
+            coef = [c0, c1, 0.0, 0.0, 0.0, 0.0]
         sd = 0.0
         for _ in range(6):
             prev = coef
@@ -163,14 +177,19 @@ class StepTimeModel:
             except ZeroDivisionError:
                 break
             c0, c1 = max(coef[0], 1e-12), coef[1]
-            resid = [(y - _dot(x, coef)) / y for x, y in zip(xs, ys)]
-            sd = 1.4826 * median([abs(r) for r in resid]) if len(resid) >= 3 else 0.0
-            scale = max(sd, 0.02)
-            huber = [1.0 if abs(r) <= s.huber_k * scale else s.huber_k * scale / abs(r) for r in resid]
-            if all(abs(a - b) <= 1e-3 * max(abs(a), 1e-12) for a, b in zip(coef, prev)):
+            sd, huber = self._huber(xs, ys, coef)
+            if all(abs(a - b) <= 1e-3 * abs(a) + 1e-6 * y_typ for a, b in zip(coef, prev)):
                 break  # converged
         self._fit = StepFit(tuple(coef), sd, len(cells))
         return self._fit
+
+    def _huber(self, xs, ys, coef) -> tuple[float, list[float]]:
+        """Robust spread of relative residuals and the Huber weights they give."""
+        resid = [(y - _dot(x, coef)) / y for x, y in zip(xs, ys)]
+        sd = 1.4826 * median([abs(r) for r in resid]) if len(resid) >= 3 else 0.0
+        scale = max(sd, 0.02)
+        k = self.s.huber_k
+        return sd, [1.0 if abs(r) <= k * scale else k * scale / abs(r) for r in resid]
 
     # -- predictions -------------------------------------------------------------
     def predict(self, mode: Mode, k: int, batch: float, *, local: bool = True) -> float | None:
@@ -210,16 +229,41 @@ class StepTimeModel:
         return corr
 
     def _cell_residuals(self) -> dict[tuple[Mode, int], list[tuple[int, float, float]]]:
-        """Per (mode, K): (bucket, relative residual, weight) of each cell, once per fit."""
+        """Per (mode, K): (bucket, relative residual, weight) of each cell, once per fit.
+        Also fills the cells' standard errors (for relative_error)."""
         out: dict[tuple[Mode, int], list[tuple[int, float, float]]] = {}
+        self._cell_se = {}
         coef = self._fit.coef
         for c in self._cells.values():
             if not c.recent:
                 continue
+            med = median(c.recent)
             pred = max(_dot(features(c.mode, c.k_mean, c.batch), coef), 1e-9)
             w = min(c.weight(self._idx, self._gamma), self.s.cell_weight_cap)
-            out.setdefault((c.mode, c.k), []).append((c.bucket, median(c.recent) / pred - 1.0, w))
+            out.setdefault((c.mode, c.k), []).append((c.bucket, med / pred - 1.0, w))
+            # standard error of a median: 1.25 sigma / sqrt(n), sigma from the MAD
+            cv = 1.4826 * median([abs(v - med) for v in c.recent]) / med if len(c.recent) > 1 else 1.0
+            self._cell_se.setdefault((c.mode, c.k), []).append((c.bucket, 1.2533 * cv / math.sqrt(len(c.recent))))
         return out
+
+    def relative_error(self, mode: Mode, k: int, batch: float) -> float:
+        """Relative standard error of ``predict(mode, k, batch)``: a measured
+        cell's (growing with distance in batch size), else how far measured
+        cells scatter around the global fit."""
+        fit = self.fit()
+        if fit is None:
+            return 1.0
+        k = k if mode != OFF else 0
+        if self._resid is None:
+            self._resid = self._cell_residuals()
+        b = self.bucket(batch)
+        per_doubling = self.s.buckets_per_doubling
+        best = max(fit.robust_sd, 0.02)
+        for cb, se in self._cell_se.get((mode, k), ()):
+            dist = abs(cb - b) / per_doubling
+            if dist <= 1.0:
+                best = min(best, se * (1.0 + dist) + 0.25 * dist * fit.robust_sd)
+        return max(best, 0.005)
 
     def samples(self, mode: Mode, k: int | None = None, batch: float | None = None) -> float:
         """Effective requests behind a mode (and K, near a batch size)."""

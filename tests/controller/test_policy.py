@@ -1,0 +1,289 @@
+"""The policy on simulated traces: right config where cost curves cross, no
+flapping under noise, recovery after load changes, SLOs, fallbacks.
+
+Everything runs on a fake clock; a "phase" is simulated seconds of load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from quickdraft.server.controller import (
+    Controller,
+    ControllerSettings,
+    EngineSnapshot,
+    ExplorationSettings,
+    HysteresisSettings,
+    ScheduleSettings,
+    SLOSettings,
+    SpecConfig,
+    default_candidates,
+)
+from quickdraft.server.controller.sim import (
+    CPU_COST,
+    CROSSING_ACCEPTANCE,
+    CROSSING_COST,
+    FakeClock,
+    Harness,
+    Phase,
+    SimAcceptance,
+    SimulatedEngine,
+    calibrated,
+)
+
+CANDIDATES = default_candidates()
+
+
+def _true_excess(eng: SimulatedEngine, cfg: SpecConfig, load: float) -> float:
+    best = eng.best_static(CANDIDATES, load)
+    return eng.true_tpot(cfg, load) / eng.true_tpot(best, load) - 1.0
+
+
+# -- choosing -----------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_picks_large_parallel_k_at_batch_1_and_smaller_k_at_batch_8(seed):
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=seed)
+    # the scenario: best parallel K is 7 at batch 1 and <= 3 at batch 8
+    assert eng.best_static([c for c in CANDIDATES if c.parallel], 1) == SpecConfig(True, 7)
+    assert eng.best_static([c for c in CANDIDATES if c.parallel], 8).k <= 3
+    ctl, _ = calibrated(eng)
+    one, sched1, _ = ctl.recommend(1)
+    eight, _, _ = ctl.recommend(8)
+    assert one == SpecConfig(True, 7)
+    assert eight.k <= 3 and eight != one
+    assert _true_excess(eng, eight, 8) < 0.05  # within 5% of the best static config at 8
+    # one engine covers both: the per-batch-size schedule drops K as batches grow
+    assert sched1.k_for(1) == 7 and sched1.k_for(8) <= 3
+    assert all(a[2] >= b[2] for a, b in zip(sched1.ranges, sched1.ranges[1:]))
+
+
+def test_cpu_like_costs_turn_speculation_off_at_high_load():
+    eng = SimulatedEngine(CPU_COST, SimAcceptance(), seed=0)
+    assert eng.best_static(CANDIDATES, 1) == SpecConfig(False, 3)
+    assert eng.best_static(CANDIDATES, 16) == SpecConfig.off()
+    ctl, _ = calibrated(eng)
+    assert ctl.recommend(1)[0] == SpecConfig(False, 3)
+    assert ctl.recommend(16)[0] == SpecConfig.off()
+
+
+def test_ttft_slo_excludes_configs():
+    cost = dataclasses.replace(CPU_COST, prefill_s=0.005, noise=0.05)
+    eng = SimulatedEngine(cost, SimAcceptance(), seed=0, classes=("inline",))
+    free, _ = calibrated(eng, ControllerSettings(slo=SLOSettings(ttft_s={})))
+    assert free.recommend(1)[0] == SpecConfig(False, 3)  # fastest, but its p95 TTFT is ~26 ms
+    limit = 0.0255
+    eng = SimulatedEngine(cost, SimAcceptance(), seed=0, classes=("inline",))
+    ctl, _ = calibrated(eng, ControllerSettings(slo=SLOSettings(ttft_s={"inline": limit})))
+    cfg, _, pred = ctl.recommend(1)
+    assert cfg == SpecConfig(False, 1)
+    assert pred.feasible and eng.true_ttft_p95(cfg, 1) <= limit
+    excluded = {p.config for p in ctl.candidates(1) if not p.feasible}
+    assert SpecConfig(False, 3) in excluded and SpecConfig(True, 7) in excluded
+    # the state says which candidates miss the SLO
+    cands = {c["config"]: c for c in ctl.state()["candidates"]}
+    assert cands["autoregressive K=3"]["meets_slo"] is False and cands["autoregressive K=1"]["meets_slo"]
+
+
+def test_unmeetable_slo_picks_the_least_violating():
+    eng = SimulatedEngine(CPU_COST, SimAcceptance(), seed=0, classes=("inline",))
+    ctl, _ = calibrated(eng, ControllerSettings(slo=SLOSettings(ttft_s={"inline": 0.001})))
+    cfg, _, pred = ctl.recommend(1)
+    assert not pred.feasible
+    ttfts = {p.config: p.ttft_s["inline"] for p in ctl.candidates(1)}
+    assert ttfts[cfg] == min(ttfts.values())
+
+
+# -- stability ---------------------------------------------------------------
+
+TIE_COST = dataclasses.replace(CROSSING_COST, ar_pass_s=0.00076, noise=0.3)
+"""Autoregressive K=3 and parallel K=3 tie exactly at batch 2; steps are very noisy."""
+
+
+def test_holds_steady_under_noise(seed=0):
+    cands = (SpecConfig.off(), SpecConfig(False, 3), SpecConfig(True, 3))
+    eng = SimulatedEngine(TIE_COST, CROSSING_ACCEPTANCE, seed=seed)
+    assert eng.true_tpot(cands[1], 2) == pytest.approx(eng.true_tpot(cands[2], 2), rel=1e-3)
+    no_probe = ExplorationSettings(enabled=False)
+
+    def switches(hysteresis: HysteresisSettings) -> int:
+        eng = SimulatedEngine(TIE_COST, CROSSING_ACCEPTANCE, seed=seed)
+        ctl, clock = calibrated(eng, ControllerSettings(candidates=cands, exploration=no_probe,
+                                                        hysteresis=hysteresis))
+        return Harness(ctl, eng, clock, decide_every=2).run([Phase(2, 300)]).switches
+
+    bare = dict(margin=0.0, sustain_decisions=1, sustain_s=0.0, min_dwell_s=0.0, min_dwell_after_load_change_s=0.0)
+    # the noise is real: with no hysteresis at all the same trace flaps ...
+    assert switches(HysteresisSettings(confidence_z=0.0, **bare)) >= 4
+    # ... demanding a gain beyond the estimates' standard error alone stops it ...
+    assert switches(HysteresisSettings(confidence_z=1.0, **bare)) <= 1
+    # ... and so do the defaults (margin, sustain, dwell and that)
+    assert switches(HysteresisSettings()) <= 1
+
+
+def test_exploration_is_bounded_and_finds_the_best_from_a_cold_start():
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    clock = FakeClock()
+    ctl = Controller(clock=clock)  # no profile: starts with speculation off, knows nothing
+    duration = 600
+    tr = Harness(ctl, eng, clock, decide_every=2).run([Phase(1, duration)])
+    ex = ctl.state()["exploration"]
+    settings = ExplorationSettings()
+    assert 1 <= ex["probes"] <= 4
+    assert ex["spent_s"] <= settings.initial_allowance_s + settings.max_share * duration
+    # it found parallel K=7 and spent most of the run within 5% of it
+    late = [t for t in tr.ticks if t.t - tr.ticks[0].t > 120]
+    good = sum(t.true_tpot_s <= t.best_tpot_s * 1.05 for t in late) / len(late)
+    assert good >= 0.85
+    assert ctl.active_config(1) == SpecConfig(True, 7)
+
+
+# -- regime changes --------------------------------------------------------------
+
+@pytest.mark.parametrize("scenario", ["crossing", "crossing-one-k", "cpu"])
+def test_recovers_after_load_changes(scenario):
+    """Load 1 -> 8 -> 1 (16 for the CPU-like costs): within each phase the
+    engine gets within 5% of the best static config within a bounded number
+    of requests and seconds (rebuilds take 15 s here)."""
+    if scenario == "cpu":
+        eng, high = SimulatedEngine(CPU_COST, SimAcceptance(), seed=0), 16
+    else:
+        eng, high = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0), 8
+    # "crossing-one-k": no per-batch-size schedules, so a load change needs a rebuild
+    settings = ControllerSettings(schedule=ScheduleSettings(enabled=scenario != "crossing-one-k"))
+    ctl, clock = calibrated(eng, settings)
+    tr = Harness(ctl, eng, clock, decide_every=2).run([Phase(1, 60), Phase(high, 120), Phase(1, 120)])
+    for phase in range(3):
+        assert tr.observations_to_converge(phase) is not None, phase
+        assert tr.observations_to_converge(phase) <= 400, phase
+        assert tr.converged_after(phase) <= 30.0, phase
+    assert tr.switches <= 3
+    if scenario != "crossing-one-k":
+        # the schedule absorbs the load change: no rebuild at all
+        assert tr.switches == 0
+
+
+def test_acceptance_shift_moves_to_a_smaller_k():
+    eng = SimulatedEngine(CPU_COST, SimAcceptance(), seed=0)
+    worse = SimAcceptance().scaled(0.5)  # the drafters suddenly guess half as well
+    after = SimulatedEngine(CPU_COST, worse)
+    assert after.best_static(CANDIDATES, 1) == SpecConfig(False, 1)
+    assert after.true_tpot(SpecConfig(False, 3), 1) > 1.08 * after.true_tpot(SpecConfig(False, 1), 1)
+    ctl, clock = calibrated(eng)
+    assert ctl.active_config(1) == SpecConfig(False, 3)
+    tr = Harness(ctl, eng, clock, decide_every=2).run([Phase(1, 40), Phase(1, 160, acceptance=worse)])
+    assert any(e["kind"] == "acceptance_shift" for e in ctl.state()["events"])
+    assert tr.observations_to_converge(1) is not None and tr.observations_to_converge(1) <= 400
+    assert tr.ticks[-1].config == SpecConfig(False, 1)
+    assert tr.switches <= 2
+
+
+# -- fallbacks -----------------------------------------------------------------
+
+def test_kv_pressure_reduces_k_before_anything_fails_then_recovers():
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    ctl, clock = calibrated(eng)
+    assert ctl.active_config(1) == SpecConfig(True, 7)
+    tr = Harness(ctl, eng, clock, decide_every=2).run(
+        [Phase(1, 30), Phase(1, 20, kv_cache_usage=0.95), Phase(1, 200, kv_cache_usage=0.5)])
+    fb = tr.actions("fallback")
+    assert fb, "no fallback under KV pressure"
+    first = fb[0]
+    assert first.reason_code == "kv_pressure" and "KV cache 95%" in first.reason
+    assert first.current.k == 7 and first.target == SpecConfig(True, 5)  # one candidate step: 7 -> 5
+    assert first.schedule.max_k == 5
+    assert all(d.action == "fallback" for d in tr.decisions if d.action != "hold" and d.timestamp < first.timestamp + 20)
+    # pressure gone: the cap is lifted and the controller climbs back to K=7
+    assert any(e["kind"] == "kv_release" for e in ctl.state()["events"])
+    assert tr.ticks[-1].config == SpecConfig(True, 7)
+
+
+def test_kv_pressure_steps_down_each_interval():
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=1)
+    ctl, clock = calibrated(eng)
+    # a KV squeeze that does not ease: K steps 7 -> 5 -> 3 -> 1 -> off, no faster than every 10 s
+    tr = Harness(ctl, eng, clock, decide_every=2, rebuild_s=2).run([Phase(1, 80, kv_cache_usage=0.93)])
+    fb = tr.actions("fallback")
+    assert [d.target.k for d in fb] == [5, 3, 1, 0]
+    gaps = [b.timestamp - a.timestamp for a, b in zip(fb, fb[1:])]
+    assert min(gaps) >= ctl.settings.fallback.pressure_min_interval_s
+
+
+def test_acceptance_collapse_turns_speculation_off_with_a_reason():
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    ctl, clock = calibrated(eng)
+    tr = Harness(ctl, eng, clock, decide_every=2).run(
+        [Phase(1, 60), Phase(1, 240, acceptance=SimAcceptance.collapsed())])
+    fb = [d for d in tr.actions("fallback") if d.reason_code == "acceptance_collapse"]
+    assert len(fb) == 1
+    assert fb[0].target == SpecConfig.off() and fb[0].schedule is None
+    assert "acceptance collapsed" in fb[0].reason and "speculation off" in fb[0].reason
+    phase1 = tr.phase_ticks(1)
+    hit = next(i for i, t in enumerate(phase1) if t.action == "fallback")
+    assert phase1[hit].observations - phase1[0].observations <= 30  # noticed within a few requests
+    # it stays off (no probes of speculative configs during the cool-down)
+    rebuild = 15  # the harness's rebuild time, in ticks
+    assert all(not t.config.enabled for t in phase1[hit + rebuild + 1:])
+    assert not [d for d in tr.decisions if d.action == "explore" and d.timestamp > fb[0].timestamp]
+    state = ctl.state()
+    assert state["fallback"]["reason"].startswith("acceptance collapsed")
+    assert state["fallback"]["speculation_blocked_for_s"] > 0
+
+
+def test_no_collapse_alarm_on_a_weak_but_working_drafter():
+    weak = SimAcceptance((0.2,) * 8, (0.18,) * 8)  # ~1.2 tokens per step: poor, not broken
+    eng = SimulatedEngine(CROSSING_COST, weak, seed=0)
+    ctl, clock = calibrated(eng)
+    tr = Harness(ctl, eng, clock, decide_every=2).run([Phase(1, 120)])
+    assert not [d for d in tr.decisions if d.reason_code == "acceptance_collapse"]
+
+
+# -- mechanics -----------------------------------------------------------------
+
+def test_dwell_and_pending_are_respected():
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    ctl, clock = calibrated(eng, ControllerSettings(schedule=ScheduleSettings(enabled=False)))
+    ctl.activate(SpecConfig.off())  # a poor start: the model wants parallel K=7 at once
+    d = None
+    for _ in range(5):
+        clock.advance(1)
+        ctl.observe_engine(EngineSnapshot(running=1))
+        d = ctl.decide()
+        assert d.action == "hold" and d.reason_code in ("sustaining", "dwell")
+    clock.advance(ctl.settings.hysteresis.min_dwell_s)
+    ctl.observe_engine(EngineSnapshot(running=1))
+    d = ctl.decide()
+    assert d.action == "switch" and d.target == SpecConfig(True, 7)
+    assert d.predicted_gain > 0.5 and "faster" in d.reason
+    # until the server confirms, the controller waits
+    clock.advance(2)
+    assert ctl.decide().reason_code == "pending"
+    ctl.applied(d)
+    assert ctl.active_config(1) == SpecConfig(True, 7) and ctl.engine_rebuilds == 1
+    clock.advance(2)
+    ctl.observe_engine(EngineSnapshot(running=1))
+    assert ctl.decide().action == "hold"
+
+
+def test_failed_switch_is_not_retried_at_once():
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    ctl, clock = calibrated(eng, ControllerSettings(schedule=ScheduleSettings(enabled=False)))
+    ctl.activate(SpecConfig.off())
+    clock.advance(60)
+    d = None
+    for _ in range(6):
+        clock.advance(2)
+        ctl.observe_engine(EngineSnapshot(running=1))
+        d = ctl.decide()
+        if d.action != "hold":
+            break
+    assert d.action == "switch" and d.target == SpecConfig(True, 7)
+    ctl.apply_failed(d, "out of memory")
+    for _ in range(30):
+        clock.advance(2)
+        ctl.observe_engine(EngineSnapshot(running=1))
+        d = ctl.decide()
+        assert d.target != SpecConfig(True, 7)
+    assert any("out of memory" in e["detail"] for e in ctl.state()["events"])

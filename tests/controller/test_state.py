@@ -1,0 +1,163 @@
+"""state() for the GetControllerState RPC, the decision history, and the cheap observe() path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from google.protobuf.json_format import ParseDict
+
+from quickdraft.server.controller import (
+    Controller,
+    ControllerSettings,
+    EngineSnapshot,
+    Observation,
+    SpecConfig,
+)
+from quickdraft.server.controller.decision import Decision, DecisionLog
+from quickdraft.server.controller.sim import (
+    CROSSING_ACCEPTANCE,
+    CROSSING_COST,
+    FakeClock,
+    Harness,
+    Phase,
+    SimulatedEngine,
+    calibrated,
+)
+from quickdraft.v1 import completion_pb2 as pb
+
+
+@pytest.fixture(scope="module")
+def run():
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    ctl, clock = calibrated(eng)
+    Harness(ctl, eng, clock, decide_every=2).run([Phase(1, 20), Phase(8, 20)])
+    return ctl
+
+
+def test_state_fits_the_proto_message(run):
+    state = run.state()
+    json.dumps(state)  # plain data
+    msg = ParseDict(state, pb.ControllerState(), ignore_unknown_fields=True)
+    assert msg.enabled
+    assert msg.active.parallel_drafting and msg.active.num_speculative_tokens == 7
+    assert msg.active.per_batch_size[0].min_batch_size == 1
+    assert len(msg.candidates) == 9 and msg.candidates[0].config == "off"
+    p7 = next(c for c in msg.candidates if c.config == "parallel K=7")
+    assert p7.samples > 0 and p7.expected_acceptance_length > 2.5 and p7.predicted_tpot_ms > 0
+    assert p7.predicted_ttft_ms > 0
+    assert len(msg.acceptance_per_position) == 7
+    assert list(msg.acceptance_per_position) == sorted(msg.acceptance_per_position, reverse=True)
+    assert msg.decisions and msg.decisions[-1].reason
+    assert msg.running_requests == pytest.approx(8, rel=0.1)
+
+
+def test_state_detail(run):
+    s = run.state()
+    acc = s["acceptance"]["parallel"]
+    assert acc["conditional_low"][0] <= acc["conditional"][0] <= acc["conditional_high"][0]
+    assert acc["trials"][0] > 1000
+    assert set(s["step_model"]) >= {"c0", "c1", "a0", "a1", "p0", "p1"}
+    assert s["ttft_model"]["kappa"] >= 0
+    assert s["load"]["current"] == pytest.approx(8, rel=0.1)
+    assert s["fallback"] == {"k_cap": None, "speculation_blocked_for_s": 0.0, "reason": ""}
+    assert s["pending"] is None and s["last_good"].startswith("parallel")
+    assert any(e["kind"] == "load_change" for e in s["events"])
+
+
+def test_state_before_any_data():
+    s = Controller(clock=FakeClock()).state()
+    assert s["active"]["config"] == "off" and s["step_model"] is None
+    assert [c["samples"] for c in s["candidates"]] == [0] * 9
+    ParseDict(s, pb.ControllerState(), ignore_unknown_fields=True)
+
+
+def _hold(code, t):
+    return Decision("hold", SpecConfig.off(), SpecConfig.off(), None, 0.0, code, code, t)
+
+
+def test_history_is_bounded_and_keeps_the_interesting_entries():
+    log = DecisionLog(5)
+    for t in range(100):
+        log.add(_hold("best", t))
+        log.add(_hold("within_margin", t))  # same family as "best": not kept
+    assert len(log) == 1
+    log.add(_hold("sustaining", 100))
+    log.add(Decision("switch", SpecConfig.off(), SpecConfig(True, 3), None, 0.2, "x", "better", 101))
+    log.add(_hold("pending", 102))
+    assert [d.reason_code for d in log] == ["best", "sustaining", "better", "pending"]
+    for t in range(10):
+        log.add(Decision("switch", SpecConfig.off(), SpecConfig(True, 3), None, 0.2, "x", "better", 200 + t))
+    assert len(log) == 5
+
+
+def test_history_size_setting_applies():
+    ctl = Controller(ControllerSettings(history_size=3), clock=FakeClock())
+    assert ctl.decisions._items.maxlen == 3
+
+
+def test_decide_without_data_holds():
+    clock = FakeClock()
+    ctl = Controller(clock=clock)
+    d = ctl.decide()
+    assert d.action == "hold" and d.reason_code == "no_data" and d.timestamp == clock.t
+
+
+def test_observe_is_cheap_and_refits_lazily(monkeypatch):
+    from quickdraft.server.controller import step_model, ttft_model
+
+    fits = {"step": 0, "ttft": 0}
+    orig_step, orig_ttft = step_model.StepTimeModel.fit, ttft_model.TTFTModel.fit
+
+    def count_step(self):
+        fits["step"] += 1 if self._dirty else 0
+        return orig_step(self)
+
+    def count_ttft(self, step):
+        fits["ttft"] += 1 if self._dirty else 0
+        return orig_ttft(self, step)
+
+    monkeypatch.setattr(step_model.StepTimeModel, "fit", count_step)
+    monkeypatch.setattr(ttft_model.TTFTModel, "fit", count_ttft)
+    clock = FakeClock()
+    ctl = Controller(clock=clock)
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=3)
+    for o in eng.requests(SpecConfig.off(), 1, 300):
+        ctl.observe(o)
+    assert fits == {"step": 0, "ttft": 0}
+    ctl.observe_engine(EngineSnapshot(running=1))
+    ctl.decide()
+    assert fits["step"] == 1 and fits["ttft"] == 1
+
+
+def test_observation_validation_says_what_is_wrong():
+    with pytest.raises(ValueError, match="seconds, not milliseconds"):
+        Observation("inline", -5.0, 0.01, 10, 1, SpecConfig.off())
+    with pytest.raises(ValueError, match="latency_class"):
+        Observation("urgent", 0.1, 0.01, 10, 1, SpecConfig.off())
+    with pytest.raises(ValueError, match="divide a percentage by 100"):
+        EngineSnapshot(running=1, kv_cache_usage=93.0)
+
+
+def test_settings_from_dict_names_valid_keys():
+    s = ControllerSettings.from_dict({"candidates": ["off", "parallel K=5"], "hysteresis": {"margin": 0.1},
+                                      "slo": {"ttft_s": {"inline": 0.25}}})
+    assert s.candidates == (SpecConfig.off(), SpecConfig(True, 5)) and s.hysteresis.margin == 0.1
+    with pytest.raises(ValueError, match="valid:.*'margin'"):
+        ControllerSettings.from_dict({"hysteresis": {"margni": 0.1}})
+    with pytest.raises(ValueError, match="kv_low < kv_high"):
+        ControllerSettings.from_dict({"fallback": {"kv_low": 0.95}})
+    assert ControllerSettings.from_dict(s.to_dict()) == s
+
+
+def test_observation_from_the_proto_stats():
+    stats = pb.SpeculativeStats(enabled=True, parallel_drafting=True, num_speculative_tokens=5, num_drafts=20,
+                                num_draft_tokens=100, num_accepted_tokens=30,
+                                accepted_per_position=[14, 9, 5, 2, 0])
+    o = Observation.from_speculative_stats(stats, latency_class="inline", ttft_s=0.05, tpot_s=0.004,
+                                           output_tokens=51, batch_size=2.0)
+    assert o.config == SpecConfig(True, 5) and o.drafts == 20 and o.num_accepted_tokens == 30
+    assert o.acceptance_length == pytest.approx(2.5) and o.step_time_s == pytest.approx(0.01)
+    off = Observation.from_speculative_stats(pb.SpeculativeStats(), latency_class="chat", ttft_s=0.05,
+                                             tpot_s=0.01, output_tokens=10, batch_size=1.0)
+    assert off.config == SpecConfig.off() and off.acceptance_length == 1.0

@@ -1,0 +1,94 @@
+"""Step-time model: robust, regularised fit; predictions for configs never run."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from quickdraft.server.controller import Observation, SpecConfig, StepModelSettings
+from quickdraft.server.controller.sim import SimCost, SimulatedEngine
+from quickdraft.server.controller.step_model import StepTimeModel
+
+LINEAR = SimCost(base_s=0.008, per_token_s=0.0004, ar_pass_s=0.001, ar_pass_per_req_s=0.0001,
+                 par_pass_s=0.0015, par_per_slot_s=0.0002, noise=0.03)
+
+
+def _feed(model, eng, configs, batches, n=12):
+    for c in configs:
+        for b in batches:
+            for o in eng.requests(c, b, n):
+                model.observe(o)
+
+
+def test_predicts_unmeasured_k_and_batch_from_the_cost_structure():
+    eng = SimulatedEngine(LINEAR, seed=1)
+    m = StepTimeModel(StepModelSettings())
+    # measured: off, AR K=1,3 and parallel K=1,3 at batch 1 and 4
+    _feed(m, eng, [SpecConfig.off(), SpecConfig(False, 1), SpecConfig(False, 3),
+                   SpecConfig(True, 1), SpecConfig(True, 3)], [1, 4])
+    for mode, k, b in (("autoregressive", 7, 8), ("parallel", 7, 8), ("parallel", 5, 2), ("off", 0, 16)):
+        pred = m.predict(mode, k, b)
+        true = LINEAR.step(mode, k, b)
+        assert pred == pytest.approx(true, rel=0.08), (mode, k, b, pred, true)
+
+
+def test_parallel_drafting_cost_grows_with_batch_and_k():
+    eng = SimulatedEngine(LINEAR, seed=2)
+    m = StepTimeModel(StepModelSettings())
+    _feed(m, eng, [SpecConfig.off()] + [SpecConfig(True, k) for k in (1, 3, 5)]
+          + [SpecConfig(False, k) for k in (1, 3)], [1, 4, 8])
+    fit = m.fit()
+    c = dict(zip(("c0", "c1", "a0", "a1", "p0", "p1"), fit.coef))
+    assert c["p1"] == pytest.approx(LINEAR.par_per_slot_s, rel=0.3)
+    assert c["a0"] + c["a1"] == pytest.approx(LINEAR.ar_pass_s + LINEAR.ar_pass_per_req_s, rel=0.3)
+    assert all(v >= 0 for v in fit.coef)
+
+
+def test_robust_to_stragglers():
+    eng = SimulatedEngine(LINEAR, seed=3)
+    clean = StepTimeModel(StepModelSettings())
+    dirty = StepTimeModel(StepModelSettings())
+    rng = random.Random(0)
+    configs = [SpecConfig.off(), SpecConfig(False, 3), SpecConfig(True, 3), SpecConfig(True, 5)]
+    for c in configs:
+        for b in (1, 4, 8):
+            for o in eng.requests(c, b, 16):
+                clean.observe(o)
+                if rng.random() < 0.2:  # a fifth of requests hit a 10x stall (GC, swap, preemption)
+                    o = Observation(o.latency_class, o.ttft_s, o.tpot_s * 10, o.output_tokens, o.batch_size,
+                                    o.config, o.num_drafts, o.num_draft_tokens, o.accepted_per_position)
+                dirty.observe(o)
+    for mode, k, b in (("parallel", 7, 4), ("autoregressive", 5, 8), ("off", 0, 2)):
+        assert dirty.predict(mode, k, b) == pytest.approx(clean.predict(mode, k, b), rel=0.08)
+
+
+def test_only_off_measured_still_predicts_dearer_speculative_steps():
+    eng = SimulatedEngine(LINEAR, seed=4)
+    m = StepTimeModel(StepModelSettings())
+    _feed(m, eng, [SpecConfig.off()], [1, 4])
+    off = m.predict("off", 0, 1)
+    for mode in ("autoregressive", "parallel"):
+        s1, s5 = m.predict(mode, 1, 1), m.predict(mode, 5, 1)
+        assert off < s1 < s5 < 3 * off  # priors: drafting costs a fraction of a target step
+
+
+def test_no_data_no_prediction_and_short_requests_ignored():
+    m = StepTimeModel(StepModelSettings())
+    assert m.predict("off", 0, 1) is None
+    m.observe(Observation("inline", 0.05, 0.0, 1, 1, SpecConfig.off()))  # one token: no TPOT
+    assert m.predict("off", 0, 1) is None
+
+
+def test_observe_does_not_refit():
+    m = StepTimeModel(StepModelSettings())
+    eng = SimulatedEngine(LINEAR, seed=5)
+    calls = []
+    orig = m.fit
+    m.fit = lambda: calls.append(1) or orig()
+    for o in eng.requests(SpecConfig(True, 3), 2, 200):
+        m.observe(o)
+    assert calls == []
+    m.predict("parallel", 3, 2)
+    m.predict("parallel", 5, 2)
+    assert len(calls) == 2  # checked on each prediction; the work happens once (dirty flag)
