@@ -84,6 +84,7 @@ class Controller:
         self._streak_since = now
         self._streak_load = 1.0
         self._probe: _Probe | None = None
+        self._last_probe_summary = ""
         self._bank = st.exploration.initial_allowance_s
         self._share = st.exploration.max_share
         self._last_accrual = now
@@ -150,7 +151,8 @@ class Controller:
             self.engine_rebuilds += 1
         if decision.action == "explore" and self._probe is not None:
             self._probe.started_at = now
-        elif decision.action == "switch" or (decision.action == "fallback" and not decision.target.enabled):
+        elif decision.action == "switch" or decision.reason_code == "acceptance_collapse":
+            # a KV-pressure cut is transient and a probe unproven: neither is "good"
             self._last_good = (self._active_config_base(), self._schedule)
 
     def apply_failed(self, decision: Decision, error: str = "", *, now: float | None = None) -> None:
@@ -368,8 +370,6 @@ class Controller:
                                     f"(model now {_ms(measured.tpot_s)})")
         self._event(now, "probe_done", self._last_probe_summary, note=False)
         self._probe = None
-
-    _last_probe_summary = ""
 
     # ------------------------------------------------------------ fallbacks
     def _check_collapse(self, now: float, load: float) -> Decision | None:

@@ -112,7 +112,7 @@ def test_holds_steady_under_noise(seed=0):
         eng = SimulatedEngine(TIE_COST, CROSSING_ACCEPTANCE, seed=seed)
         ctl, clock = calibrated(eng, ControllerSettings(candidates=cands, exploration=no_probe,
                                                         hysteresis=hysteresis))
-        return Harness(ctl, eng, clock, decide_every=2).run([Phase(2, 300)]).switches
+        return Harness(ctl, eng, clock, decide_every=2).run([Phase(2, 240)]).switches
 
     bare = dict(margin=0.0, sustain_decisions=1, sustain_s=0.0, min_dwell_s=0.0, min_dwell_after_load_change_s=0.0)
     # the noise is real: with no hysteresis at all the same trace flaps ...

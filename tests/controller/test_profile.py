@@ -10,6 +10,7 @@ import pytest
 
 from quickdraft.server.controller import (
     Controller,
+    EngineSnapshot,
     ProfileKey,
     ProfileStore,
     SpecConfig,
@@ -112,8 +113,6 @@ def test_last_good_config_is_what_gets_saved(tmp_path):
     eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
     ctl, clock = calibrated(eng)
     good = ctl.start_config()
-    from quickdraft.server.controller import EngineSnapshot
-
     clock.advance(100)
     ctl.observe_engine(EngineSnapshot(running=1, kv_cache_usage=0.96))
     d = ctl.decide()
@@ -124,3 +123,16 @@ def test_last_good_config_is_what_gets_saved(tmp_path):
     fresh = Controller(clock=FakeClock())
     load_into(fresh, store, KEY)
     assert fresh.start_config() == good
+
+
+def test_a_kv_cut_to_off_is_not_remembered_as_good():
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    ctl, clock = calibrated(eng)
+    good = ctl.start_config()
+    ctl.activate(SpecConfig(True, 1))
+    clock.advance(100)
+    ctl.observe_engine(EngineSnapshot(running=1, kv_cache_usage=0.99))
+    d = ctl.decide()
+    assert d.action == "fallback" and d.target == SpecConfig.off()
+    ctl.applied(d)
+    assert ctl.start_config()[0] == SpecConfig(True, 1) != good[0]

@@ -139,7 +139,7 @@ def test_tuned_controller_serves_the_recording_without_rebuilds():
     assert ctl.active_config(1) == SpecConfig(False, 3)  # fastest at 1 stream, and meets the SLO
     eng = TraceEngine(ALL, seed=0)
     tr = Harness(ctl, eng, clock, decide_every=2, candidates=default_candidates()).run(
-        [Phase(1, 120), Phase(4, 150), Phase(1, 150)])
+        [Phase(1, 60), Phase(4, 120), Phase(1, 90)])
     assert tr.switches == 0  # the per-batch-size schedule covers 1 and 4
     for phase in (0, 2):
         assert all(t.config == SpecConfig(False, 3) for t in tr.phase_ticks(phase)[5:])
@@ -154,7 +154,7 @@ def test_cold_start_on_the_recording_is_bounded_and_settles():
     eng = TraceEngine(ALL, seed=1)
     clock = FakeClock()
     ctl = Controller(clock=clock)
-    tr = Harness(ctl, eng, clock, decide_every=2, candidates=default_candidates()).run([Phase(1, 900)])
+    tr = Harness(ctl, eng, clock, decide_every=2, candidates=default_candidates()).run([Phase(1, 660)])
     assert ctl.state()["exploration"]["probes"] <= 3
     changes = [d for d in tr.decisions if d.action != "hold"]
     assert len(changes) <= 8
