@@ -227,11 +227,15 @@ class QuickdraftServer:
         return self.port
 
     async def _start_engine(self) -> None:
-        await self.engines.start(SpecMode.from_config(self.cfg))
+        mode = SpecMode.from_config(self.cfg)
         if self.cfg.controller.enabled:
             from quickdraft.server.controller_loop import ControllerLoop
 
             self.controller = ControllerLoop(self.cfg, self.engines, self.service, self.telemetry)
+            # A tuned profile for this hardware/model/drafter/vLLM starts from its last good config.
+            mode = self.controller.start_mode()
+        await self.engines.start(mode)
+        if self.controller is not None:
             self.controller.start()
 
     async def wait_ready(self, timeout: float = 300.0) -> None:

@@ -1,0 +1,184 @@
+"""Drives the adaptive controller (server/controller) from the running server.
+
+Per finished request it turns the service's record into an Observation; every
+``controller.decide_every_s`` it samples the engine, asks for a decision, and
+applies anything but "hold" by switching the engine (server/engine_manager.py
+builds the new engine while the old one serves, so no request is dropped).
+The tuned profile is saved after each applied switch and on stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from quickdraft.server.config import QuickdraftConfig
+from quickdraft.server.controller import (
+    DEFAULT_PROFILE_DIR,
+    Controller,
+    ControllerSettings,
+    EngineSnapshot,
+    KSchedule,
+    Observation,
+    ProfileKey,
+    ProfileStore,
+    ScheduleSettings,
+    SLOSettings,
+    SpecConfig,
+    default_candidates,
+    load_into,
+    save_from,
+)
+from quickdraft.server.engine import SpecMode, hardware_description, vllm_version
+from quickdraft.server.engine_manager import EngineManager
+from quickdraft.server.service import CompletionService
+from quickdraft.server.telemetry import RequestRecord, Telemetry
+from quickdraft.v1 import completion_pb2 as pb
+
+log = logging.getLogger("quickdraft.controller")
+
+
+def mode_of(config: SpecConfig, schedule: KSchedule | None) -> SpecMode:
+    """The engine configuration for a controller config and K schedule."""
+    if not config.enabled:
+        return SpecMode.off()
+    if schedule is None or schedule.is_uniform:
+        return SpecMode(enabled=True, parallel=config.parallel, k=schedule.max_k if schedule else config.k)
+    return SpecMode(enabled=True, parallel=schedule.parallel, k=schedule.max_k, per_batch_size=tuple(schedule.to_vllm()))
+
+
+def config_of(mode: SpecMode) -> tuple[SpecConfig, KSchedule | None]:
+    if not mode.enabled:
+        return SpecConfig.off(), None
+    schedule = KSchedule.from_vllm(mode.parallel, mode.per_batch_size) if mode.per_batch_size else None
+    return SpecConfig(mode.parallel, mode.k), schedule
+
+
+def controller_settings(cfg: QuickdraftConfig) -> ControllerSettings:
+    max_k = cfg.preset.max_parallel_k or 16
+    candidates = tuple(c for c in default_candidates() if not (c.parallel and c.k > max_k))
+    return ControllerSettings(
+        candidates=candidates,
+        initial=config_of(SpecMode.from_config(cfg))[0],
+        slo=SLOSettings(ttft_s=dict(cfg.controller.ttft_slo_s)),
+        schedule=ScheduleSettings(max_batch=cfg.engine.max_num_seqs),
+    )
+
+
+class ControllerLoop:
+    def __init__(self, cfg: QuickdraftConfig, engines: EngineManager, service: CompletionService, telemetry: Telemetry, clock=time.time):
+        self.cfg = cfg
+        self.engines = engines
+        self.service = service
+        self.telemetry = telemetry
+        self.clock = clock
+        self.ctl = Controller(controller_settings(cfg))
+        self.key = ProfileKey(
+            hardware=hardware_description(),
+            model=cfg.target_path(),
+            drafter=f"{cfg.drafter_path(True)} | {cfg.drafter_path(False)}",
+            vllm_version=vllm_version(),
+        )
+        self.store = ProfileStore(Path(cfg.controller.profile_dir).expanduser() if cfg.controller.profile_dir else DEFAULT_PROFILE_DIR)
+        self.loaded_profile = load_into(self.ctl, self.store, self.key)
+        self._task: asyncio.Task | None = None
+        self.applied_switches = 0
+        self.failed_switches = 0
+        service.observers.callbacks.append(self.on_request)
+
+    def start_mode(self) -> SpecMode:
+        """The engine to start with: the profile's last good config, else the configured one."""
+        config, schedule = self.ctl.start_config()
+        return mode_of(config, schedule)
+
+    def start(self) -> None:
+        engine = self.engines.engine
+        if engine is not None:
+            self.ctl.activate(*config_of(engine.mode), now=self.clock())
+        self._task = asyncio.create_task(self._run(), name="controller")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self.save()
+
+    def save(self) -> None:
+        try:
+            save_from(self.ctl, self.store, self.key)
+        except OSError as e:
+            log.warning("could not save the controller profile: %s", e)
+
+    # --- inputs ------------------------------------------------------------------
+
+    def on_request(self, record: RequestRecord, spec: pb.SpeculativeStats) -> None:
+        # Cancelled and failed requests say nothing reliable about step time.
+        if record.finish not in ("stop", "length") or record.ttft_s is None or record.tpot_s is None:
+            return
+        engine = self.engines.engine
+        running = engine.snapshot.running if engine is not None else 1
+        self.ctl.observe(
+            Observation.from_speculative_stats(
+                spec,
+                latency_class=record.latency_class,
+                ttft_s=record.ttft_s,
+                tpot_s=record.tpot_s,
+                output_tokens=record.completion_tokens,
+                batch_size=max(1, running),
+                prompt_tokens=record.prompt_tokens,
+            ),
+            now=self.clock(),
+        )
+
+    # --- the loop ----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        period = self.cfg.controller.decide_every_s
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the controller must never take the server down
+                log.exception("controller tick failed")
+
+    async def tick(self) -> None:
+        engine = self.engines.engine
+        if engine is None or not self.engines.serving:
+            return
+        snap = engine.snapshot
+        now = self.clock()
+        self.ctl.observe_engine(EngineSnapshot(running=snap.running, waiting=snap.waiting, kv_cache_usage=min(1.0, max(0.0, snap.kv_cache_usage))), now=now)
+        decision = self.ctl.decide(now=now)
+        if decision.action == "hold":
+            return
+        log.info("controller %s: %s -> %s: %s", decision.action, decision.current.label(), decision.target.label(), decision.reason)
+        if decision.action == "fallback":
+            self.telemetry.speculation_off.add(1, {"reason": decision.reason_code})
+        mode = mode_of(decision.target, decision.schedule)
+        if not self.cfg.controller.allow_rebuild and decision.action != "fallback":
+            self.ctl.apply_failed(decision, "engine rebuilds are disabled (controller.allow_rebuild = false)", now=self.clock())
+            return
+        ok = await self.engines.switch(mode, f"controller {decision.action}: {decision.reason}")
+        if ok:
+            self.applied_switches += 1
+            self.telemetry.engine_rebuilds.add(1, {"reason": decision.reason_code})
+            self.ctl.applied(decision, now=self.clock())
+            self.save()
+        else:
+            self.failed_switches += 1
+            self.ctl.apply_failed(decision, "the new engine failed to start", now=self.clock())
+
+    # --- outputs -----------------------------------------------------------------
+
+    def state_proto(self) -> pb.ControllerState:
+        state = self.ctl.state()
+        msg = json_format.ParseDict(state, pb.ControllerState(), ignore_unknown_fields=True)
+        msg.enabled = True
+        msg.engine_rebuilds = self.engines.stats.rebuilds
+        msg.profile_path = str(self.store.path_for(self.key))
+        return msg
