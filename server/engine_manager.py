@@ -83,7 +83,9 @@ class EngineManager:
         """The engine a new request runs on, held until the request ends."""
         engine = self.engine
         if engine is None or not self.serving:
-            raise RequestError("UNAVAILABLE", f"engine is {self.state}; retry shortly")
+            # A dead engine is reported as restarting even before _watch notices it.
+            state = RESTARTING if engine is not None and engine.dead and self.state == SERVING else self.state
+            raise RequestError("UNAVAILABLE", f"engine is {state}; retry shortly")
         key = id(engine)
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
         self._idle.setdefault(key, asyncio.Event()).clear()

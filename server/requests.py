@@ -94,6 +94,9 @@ def check(req: pb.CompleteRequest, cfg: QuickdraftConfig) -> None:
         raise invalid(f"request is {size} bytes; the limit is limits.max_request_bytes = {lim.max_request_bytes}")
     if len(req.request_id) > MAX_REQUEST_ID:
         raise invalid(f"request_id is {len(req.request_id)} characters; at most {MAX_REQUEST_ID}")
+    if not req.request_id.isprintable():
+        # It is echoed in logs and traces: no newlines or control characters (forged log lines).
+        raise invalid("request_id: must be printable characters (no newlines or control characters)")
     if not req.prefix and not req.HasField("suffix") and not req.context_files:
         raise invalid("prefix: empty prompt (send the text before the cursor, a suffix, or context files)")
     if req.raw_prompt and (req.HasField("suffix") or req.context_files):
