@@ -444,10 +444,12 @@ class EventStream(StreamingResponse):
 # --- the app -----------------------------------------------------------------------------
 
 
-def client_identity(request: Request) -> str:
+def client_identity(request: Request, token_auth: bool = True) -> str:
     """Per-client limits key, written as the gRPC front end writes it (a token's
-    hash, else the peer's host), so an editor's streams on both protocols share one quota."""
-    auth = request.headers.get("authorization", "")
+    hash, else the peer's host), so an editor's streams on both protocols share one quota.
+    The token counts only when the server checks tokens: otherwise a client could
+    send a fresh made-up token per call and escape its limit."""
+    auth = request.headers.get("authorization", "") if token_auth else ""
     if auth:
         return "token:" + hashlib.sha256(auth.encode()).hexdigest()[:16]
     host = request.client.host if request.client else "unknown"
@@ -534,7 +536,7 @@ class OpenAIApi:
         reply = Reply(call, request_id, self.model)
         headers = {"X-Request-Id": request_id}
         trace = self.service.telemetry.trace_context(dict(request.headers))
-        completion = Completion(self.service, call.req, client_identity(request), trace)
+        completion = Completion(self.service, call.req, client_identity(request, self.auth), trace)
         handed_over = False
         first: asyncio.Future | None = None
         try:

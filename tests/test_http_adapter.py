@@ -401,3 +401,15 @@ async def test_taken_port_is_a_clear_error():
         cfg.http.port = s.getsockname()[1]
         with pytest.raises(OSError, match="http.port"):
             await HttpServer(cfg, service=None).start()  # type: ignore[arg-type]
+
+
+def test_made_up_tokens_do_not_escape_the_per_client_limit_without_auth():
+    from types import SimpleNamespace
+
+    from quickdraft.server.http_api import client_identity
+
+    def req(auth):
+        return SimpleNamespace(headers={"authorization": auth}, client=SimpleNamespace(host="127.0.0.1"))
+
+    assert client_identity(req("Bearer a"), token_auth=False) == client_identity(req("Bearer b"), token_auth=False) == "ipv4:127.0.0.1"
+    assert client_identity(req("Bearer a"), token_auth=True) != client_identity(req("Bearer b"), token_auth=True)
