@@ -175,14 +175,19 @@ class QuickdraftServer:
         self.port = 0
         self._engine_task: asyncio.Task | None = None
         self._stopping = asyncio.Event()
-        self._pending_health: list[asyncio.Task] = []
+        self._failed = asyncio.Event()
+        self._pending_health: set[asyncio.Future] = set()
 
     def _on_engine_state(self, state: str) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if state in (em.SERVING, em.SWITCHING) else health_pb2.HealthCheckResponse.NOT_SERVING
         if self._stopping.is_set():
             status = health_pb2.HealthCheckResponse.NOT_SERVING
+        if state == em.FAILED:
+            self._failed.set()
         for name in ("", SERVICE_NAME):
-            self._pending_health.append(asyncio.ensure_future(self.health.set(name, status)))
+            fut = asyncio.ensure_future(self.health.set(name, status))
+            self._pending_health.add(fut)  # keep a reference until it has run
+            fut.add_done_callback(self._pending_health.discard)
 
     async def start(self) -> int:
         """Bind, start serving health (NOT_SERVING), then build the engine in the background."""
@@ -282,6 +287,13 @@ class QuickdraftServer:
             return 1
         if engine_done in done:
             print(f"quickdraft: serving {self.cfg.preset.name} ({self.engines.engine.mode.label()})", flush=True)
-            await waiter
+            failed = asyncio.create_task(self._failed.wait())
+            await asyncio.wait({waiter, failed}, return_when=asyncio.FIRST_COMPLETED)
+            if failed.done():
+                # The engine died and could not be restarted: exit so a supervisor can.
+                log.error("engine failed and could not be restarted; exiting")
+                await self.shutdown(0)
+                return 1
+            failed.cancel()
         await self.shutdown()
         return 0
