@@ -156,19 +156,24 @@ class Estimator:
         self._sched_cache[key] = out
         return out
 
-    def _slo_lines(self, batch: float, mode: Mode, k: int) -> list[tuple[float, float, float]]:
+    def _slo_lines(self, batch: float, mode: Mode, k: int, constrained) -> list[tuple[float, float, float]]:
         """(TTFT at zero step time, per step second, limit) per constrained
-        class with enough samples, at ``batch``: there the predicted TTFT
-        quantile is linear in step time."""
-        fit = self.ttft.fit(self._step_fn)
+        class, at ``batch``: there the predicted TTFT quantile is linear in
+        step time. ``constrained`` = (fit, [(class, limit)]) from _constrained()."""
+        fit, classes = constrained
         out = []
-        if fit is None:
-            return out
-        for cls, limit in self.settings.slo.ttft_s.items():
-            if limit and fit.samples.get(cls, 0) >= self.settings.slo.min_samples:
-                f = 1.0 + fit.residual_quantile(cls, batch, mode, k)
-                out.append(((fit.intercept[cls] + fit.theta * (max(1.0, batch) - 1.0)) * f, fit.kappa * f, limit))
+        for cls, limit in classes:
+            f = 1.0 + fit.residual_quantile(cls, batch, mode, k)
+            out.append(((fit.intercept[cls] + fit.theta * (max(1.0, batch) - 1.0)) * f, fit.kappa * f, limit))
         return out
+
+    def _constrained(self):
+        """The TTFT fit and the latency classes whose SLO it can judge."""
+        fit = self.ttft.fit(self._step_fn)
+        if fit is None:
+            return fit, []
+        return fit, [(cls, limit) for cls, limit in self.settings.slo.ttft_s.items()
+                     if limit and fit.samples.get(cls, 0) >= self.settings.slo.min_samples]
 
     def _best_schedule(self, parallel: bool, k_cap: int | None, banned: frozenset[SpecConfig],
                        uniform_at: int | None) -> KSchedule | None:
@@ -183,11 +188,12 @@ class Estimator:
         grid = _batch_grid(st.schedule.max_batch) if uniform_at is None else [uniform_at]
         step = self.step.predict
         el = {k: self.expected_length(mode, k) for k in ks}
+        constrained = self._constrained()
         chosen: list[int] = []
         for b in grid:
             best_k, best_val = ks[0], None
             for k in ks:
-                lines = self._slo_lines(b, mode, k)
+                lines = self._slo_lines(b, mode, k, constrained) if constrained[1] else ()
                 st_s = step(mode, k, b, local=k > 0)
                 if st_s is None:
                     continue

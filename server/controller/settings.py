@@ -99,10 +99,11 @@ class StepModelSettings:
     """Cap on one cell's weight, so the active config cannot drown the others."""
     huber_k: float = 1.5
     """Huber threshold in robust standard deviations of relative residuals."""
-    local_correction_strength: float = 8.0
-    """Requests at which a cell's measured residual gets half weight in the
-    prediction for its own (mode, K) near its batch size (shrinks the global
-    fit toward direct measurements where they exist)."""
+    local_min_requests: float = 4.0
+    """A cell's measured residual corrects predictions for its own (mode, K)
+    near its batch size, weighted by its precision against the fit's spread
+    (direct measurements win over the global fit where they exist); cells
+    with fewer effective (decayed) requests than this count proportionally less."""
 
     def validate(self) -> None:
         _check(self.drafter_cost_ratio_autoregressive >= 0, "step_model.drafter_cost_ratio_autoregressive must be >= 0")
@@ -113,7 +114,7 @@ class StepModelSettings:
         _check(1 <= self.buckets_per_doubling <= 16, "step_model.buckets_per_doubling must be 1..16")
         _check(self.cell_weight_cap > 0, "step_model.cell_weight_cap must be > 0")
         _check(self.huber_k > 0, "step_model.huber_k must be > 0")
-        _check(self.local_correction_strength > 0, "step_model.local_correction_strength must be > 0")
+        _check(self.local_min_requests > 0, "step_model.local_min_requests must be > 0")
 
 
 @dataclass

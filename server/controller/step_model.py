@@ -218,13 +218,17 @@ class StepTimeModel:
             return corr
         if self._resid is None:
             self._resid = self._cell_residuals()
+        # empirical Bayes: a cell's residual is trusted by its precision
+        # relative to how far cells scatter around the global fit (tau), less
+        # when it is old (decayed weight) or at another batch size
+        tau2 = max(self._fit.robust_sd, 0.02) ** 2
         num = den = 0.0
-        for cb, r, w in self._resid.get((mode, k), ()):
-            # nearby batch sizes count, fading with distance in doublings
-            wk = w * math.exp(-2.0 * abs(cb - b) / self.s.buckets_per_doubling)
+        for (cb, r, w), (_, se) in zip(self._resid.get((mode, k), ()), self._cell_se.get((mode, k), ())):
+            trust = tau2 / (tau2 + se * se) * min(1.0, w / self.s.local_min_requests)
+            wk = trust * math.exp(-2.0 * abs(cb - b) / self.s.buckets_per_doubling)
             num += wk * r
             den += wk
-        corr = 0.0 if den <= 0 else (num / den) * den / (den + self.s.local_correction_strength)
+        corr = 0.0 if den <= 0 else (num / den) * min(1.0, den)
         self._corr_cache[key] = corr
         return corr
 

@@ -63,9 +63,17 @@ class TTFTFit:
         return general
 
 
+_BUCKETS: dict[float, int] = {}
+
+
 def load_bucket(batch: float) -> int:
     """Half-doublings of the batch size: 1, 1.4, 2, 2.8, 4, ..."""
-    return int(round(math.log2(max(1.0, batch)) * 2))
+    b = _BUCKETS.get(batch)
+    if b is None:
+        b = int(round(math.log2(max(1.0, batch)) * 2))
+        if len(_BUCKETS) < 4096:  # batches are mostly small integers; bound the memo
+            _BUCKETS[batch] = b
+    return b
 
 
 class _Cell:

@@ -1,14 +1,14 @@
 """The controller on a recorded trace: real vLLM 0.32 (CPU build) serving the
 embedded Qwen3 target with its EAGLE-3 and P-EAGLE drafters, every candidate
-config at 1 and 4 concurrent requests, 12 requests of 64 tokens each
-(tests/controller/record_cpu_trace.py wrote it).
+config at 1 and 4 concurrent requests, the same 16 prompts each, 64 tokens
+per request (tests/controller/record_cpu_trace.py wrote it).
 
 It was recorded on this project's shared 2-core machine while other vLLM jobs
-ran, so some timings carry that contention (autoregressive K=5/7 at 1 stream
-and parallel K=7 at 4 are slower than the model of this hardware would say,
-with long tails). Acceptance counters are unaffected. The tests treat the
-recording as the truth the controller is judged against and check that the
-model stays sane on such data.
+came and went (each line carries the load average): some timings carry that
+contention (e.g. no speculation measured slower at 1 stream than at 4; the
+autoregressive K=7 runs saw a load average of 14). Acceptance counters are
+unaffected. The tests treat the recording as the truth the controller is
+judged against and check that the model stays sane on such data.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def test_ttft_slo_verdicts_agree_with_the_recording(tuned):
         pred = tuned.estimator.predict(cfg, c)
         assert pred.feasible == (rec <= SLO), (cfg.label(), c, pred.ttft_s["inline"], rec)
         checked += 1
-    assert checked >= 15
+    assert checked >= 12
 
 
 def test_tuned_controller_serves_the_recording_without_rebuilds():
@@ -141,13 +141,13 @@ def test_tuned_controller_serves_the_recording_without_rebuilds():
     tr = Harness(ctl, eng, clock, decide_every=2, candidates=default_candidates()).run(
         [Phase(1, 60), Phase(4, 120), Phase(1, 90)])
     assert tr.switches == 0  # the per-batch-size schedule covers 1 and 4
-    for phase in (0, 2):
-        assert all(t.config == SpecConfig(False, 3) for t in tr.phase_ticks(phase)[5:])
-    # at 4 streams nothing meets 0.3 s; it runs the config with the lowest TTFT
-    at4 = {t.config for t in tr.phase_ticks(1)[10:]}
-    assert len(at4) == 1
-    lowest = min(_ttft_p95(cfg, 4) for cfg in default_candidates())
-    assert _ttft_p95(at4.pop(), 4) <= lowest * 1.05
+    for phase, load in ((0, 1), (1, 4), (2, 1)):
+        ran = {t.config for t in tr.phase_ticks(phase)[5:]}
+        assert len(ran) == 1, ran
+        cfg = ran.pop()
+        ok = [c for c in default_candidates() if _ttft_p95(c, load) <= SLO]
+        assert cfg in ok  # it meets the TTFT SLO as recorded ...
+        assert _tpot(cfg, load) <= min(_tpot(c, load) for c in ok) * 1.05  # ... at the best TPOT that does
 
 
 def test_cold_start_on_the_recording_is_bounded_and_settles():
