@@ -20,9 +20,56 @@ import statistics
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from quickdraft.bench.speculation import load_prompts
+
+
+@dataclass
+class Measured:
+    """One request timed at the caller: TTFT, TPOT over the tokens after the
+    first, tokens, and (in-process only) vLLM's per-request acceptance
+    histogram (``histogram[j]`` = verify steps that accepted j drafts)."""
+
+    ttft_s: float
+    tpot_s: float | None
+    tokens: int
+    histogram: list[int] | None = None
+
+
+async def direct(engine, ids: list[int], sampling, rid: str) -> Measured:
+    """One request straight into the engine (``Engine.generate``), no server in between."""
+    t0 = time.perf_counter()
+    first = last = None
+    n = 0
+    histogram = None
+    async for out in engine.generate(rid, ids, sampling):
+        c = out.outputs[0]
+        if c.token_ids:
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            n += len(c.token_ids)
+        if c.finish_reason is not None and getattr(c, "spec_decode_metrics", None) is not None:
+            histogram = list(c.spec_decode_metrics.histogram)
+    tpot = (last - first) / (n - 1) if n > 1 else None
+    return Measured((first or time.perf_counter()) - t0, tpot, n, histogram)
+
+
+def via_grpc(client, req) -> Measured:
+    """One request through the gRPC server, with the sync client (its own thread, as an editor's process would be)."""
+    t0 = time.perf_counter()
+    first = last = None
+    stream = client.complete(req)
+    for _ in stream:
+        now = time.perf_counter()
+        first = first or now
+        last = now
+    n = stream.final.completion_tokens
+    # Text deltas arrive per engine step, like the direct path's outputs.
+    tpot = (last - first) / (n - 1) if n > 1 and first is not None else None
+    return Measured((first or time.perf_counter()) - t0, tpot, n)
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -61,49 +108,19 @@ def main(argv=None) -> int:
     token_ids = [tokenize(engine.tokenizer, r, cfg.preset.prompt_format) for r in reqs]
     sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, top_p=1.0, stop=[], seed=None).to_vllm(engine.stop_token_ids)
 
-    async def direct(ids: list[int], rid: str) -> tuple[float, float | None, int]:
-        t0 = time.perf_counter()
-        first = last = None
-        n = 0
-        async for out in engine.generate(rid, ids, sampling):
-            c = out.outputs[0]
-            if c.token_ids:
-                now = time.perf_counter()
-                first = first or now
-                last = now
-                n += len(c.token_ids)
-        tpot = (last - first) / (n - 1) if n > 1 else None
-        return first - t0, tpot, n
-
-    def via_grpc(client, req) -> tuple[float, float | None, int]:
-        t0 = time.perf_counter()
-        first = last = None
-        stream = client.complete(req)
-        for _ in stream:
-            now = time.perf_counter()
-            first = first or now
-            last = now
-        n = stream.final.completion_tokens
-        # Text deltas arrive per engine step, like the direct path's outputs.
-        tpot = (last - first) / (n - 1) if n > 1 and first is not None else None
-        return (first or time.perf_counter()) - t0, tpot, n
-
     results = {"direct": {"ttft": [], "tpot": []}, "grpc": {"ttft": [], "tpot": []}}
     with CompletionClient(f"127.0.0.1:{server.port}", timeout=120) as client:
-        run(direct(token_ids[0], "warm"))
+        run(direct(engine, token_ids[0], sampling, "warm"))
         via_grpc(client, reqs[0])
         for i in range(args.requests):
             j = i % len(reqs)
             # Alternate which path goes first, so neither always follows the other.
             order = ("direct", "grpc") if i % 2 == 0 else ("grpc", "direct")
             for path in order:
-                if path == "direct":
-                    ttft, tpot, n = run(direct(token_ids[j], f"d{i}"))
-                else:
-                    ttft, tpot, n = via_grpc(client, reqs[j])
-                results[path]["ttft"].append(ttft)
-                if tpot is not None and n >= 4:
-                    results[path]["tpot"].append(tpot)
+                m = run(direct(engine, token_ids[j], sampling, f"d{i}")) if path == "direct" else via_grpc(client, reqs[j])
+                results[path]["ttft"].append(m.ttft_s)
+                if m.tpot_s is not None and m.tokens >= 4:
+                    results[path]["tpot"].append(m.tpot_s)
     run(server.shutdown(1))
 
     d, g = results["direct"], results["grpc"]
