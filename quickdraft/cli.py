@@ -126,8 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_complete)
 
     from quickdraft.lsp_bridge import cli as lsp_cli
+    from quickdraft.server import tune
 
     lsp_cli.add_subparser(sub)
+    tune.add_subparser(sub)
 
     try:
         from quickdraft.bench import cli as bench_cli

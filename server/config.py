@@ -186,8 +186,9 @@ class ControllerConfig:
 
     enabled: bool = False
     """True: measure TTFT/TPOT and switch speculative configs at run time."""
-    decide_every_s: float = 5.0
-    """How often the controller decides."""
+    decide_every_s: float = 2.0
+    """How often the controller samples the engine and decides (1-2 s lets it
+    react within ~30 s of a load change, an engine rebuild included)."""
     ttft_slo_s: dict[str, float] = field(default_factory=lambda: {"inline": 0.3, "chat": 1.0, "batch": 10.0})
     """p95 TTFT target per latency class."""
     profile_dir: str | None = None

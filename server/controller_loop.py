@@ -69,6 +69,20 @@ def controller_settings(cfg: QuickdraftConfig) -> ControllerSettings:
     )
 
 
+def profile_key(cfg: QuickdraftConfig) -> ProfileKey:
+    """What a tuned profile is valid for: this hardware, model, drafters and vLLM."""
+    return ProfileKey(
+        hardware=hardware_description(),
+        model=cfg.target_path(),
+        drafter=f"{cfg.drafter_path(True)} | {cfg.drafter_path(False)}",
+        vllm_version=vllm_version(),
+    )
+
+
+def profile_store(cfg: QuickdraftConfig) -> ProfileStore:
+    return ProfileStore(Path(cfg.controller.profile_dir).expanduser() if cfg.controller.profile_dir else DEFAULT_PROFILE_DIR)
+
+
 class ControllerLoop:
     def __init__(self, cfg: QuickdraftConfig, engines: EngineManager, service: CompletionService, telemetry: Telemetry, clock=time.time):
         self.cfg = cfg
@@ -77,13 +91,8 @@ class ControllerLoop:
         self.telemetry = telemetry
         self.clock = clock
         self.ctl = Controller(controller_settings(cfg))
-        self.key = ProfileKey(
-            hardware=hardware_description(),
-            model=cfg.target_path(),
-            drafter=f"{cfg.drafter_path(True)} | {cfg.drafter_path(False)}",
-            vllm_version=vllm_version(),
-        )
-        self.store = ProfileStore(Path(cfg.controller.profile_dir).expanduser() if cfg.controller.profile_dir else DEFAULT_PROFILE_DIR)
+        self.key = profile_key(cfg)
+        self.store = profile_store(cfg)
         self.loaded_profile = load_into(self.ctl, self.store, self.key)
         self._task: asyncio.Task | None = None
         self.applied_switches = 0

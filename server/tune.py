@@ -1,0 +1,132 @@
+"""``quickdraft tune``: the calibration sweep on this machine.
+
+For every candidate config (off, autoregressive and parallel K in {1,3,5,7})
+an in-process engine serves held-out completion prompts at concurrency
+1, 4, 8 and 16 (closed loop, greedy); the requests become controller
+observations. The controller's models are fitted on them, the tuned profile is
+written where ``quickdraft serve --controller`` looks for it (same hardware,
+model, drafters and vLLM version), and a plot of TPOT and TTFT against K per
+mode and concurrency is saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from quickdraft.server.config import load_config
+from quickdraft.server.controller import Controller, Observation, SpecConfig, run_sweep
+from quickdraft.server.controller_loop import controller_settings, mode_of, profile_key, profile_store
+from quickdraft.server.engine import Engine
+from quickdraft.server.requests import Sampling, tokenize
+from quickdraft.server.service import speculative_stats
+from quickdraft.v1 import completion_pb2 as pb
+
+log = logging.getLogger("quickdraft.tune")
+
+
+class EngineMeasure:
+    """measure(config, concurrency) -> observations, reusing one engine per config."""
+
+    def __init__(self, cfg, prompts: list[dict], requests_per_level: int, max_tokens: int):
+        self.cfg = cfg
+        self.prompts = prompts
+        self.requests = requests_per_level
+        self.max_tokens = max_tokens
+        self.loop = asyncio.new_event_loop()
+        self.engine: Engine | None = None
+        self.config: SpecConfig | None = None
+
+    def __call__(self, config: SpecConfig, concurrency: int) -> list[Observation]:
+        return self.loop.run_until_complete(self._measure(config, concurrency))
+
+    async def _measure(self, config: SpecConfig, concurrency: int) -> list[Observation]:
+        if config != self.config:
+            await self._close_engine()
+            self.engine = await Engine.start(self.cfg, mode_of(config, None))
+            self.config = config
+        engine = self.engine
+        sampling = Sampling(max_tokens=self.max_tokens, temperature=0.0, top_p=1.0, stop=[], seed=None).to_vllm(engine.stop_token_ids)
+        ids = [
+            tokenize(engine.tokenizer, pb.CompleteRequest(prefix=p["prefix"], **({"suffix": p["suffix"]} if p["suffix"] is not None else {})), self.cfg.preset.prompt_format)
+            for p in self.prompts
+        ]
+        observations: list[Observation] = []
+        counter = iter(range(self.requests))
+
+        async def worker(w: int) -> None:
+            for i in counter:
+                t0 = time.perf_counter()
+                first = last = None
+                n = 0
+                metrics = None
+                async for out in engine.generate(f"tune-{w}-{i}-{time.monotonic_ns()}", ids[i % len(ids)], sampling):
+                    c = out.outputs[0]
+                    if c.token_ids:
+                        now = time.perf_counter()
+                        first = first or now
+                        last = now
+                        n += len(c.token_ids)
+                    if c.finish_reason is not None:
+                        metrics = c.spec_decode_metrics
+                if n < 2:
+                    continue
+                stats = speculative_stats(metrics, engine.mode)
+                observations.append(
+                    Observation.from_speculative_stats(
+                        stats, latency_class="inline", ttft_s=first - t0, tpot_s=(last - first) / (n - 1), output_tokens=n, batch_size=concurrency, prompt_tokens=len(ids[i % len(ids)])
+                    )
+                )
+
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        return observations
+
+    async def _close_engine(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+            # Let vLLM's output handler see its cancellation before the loop moves on or closes.
+            await asyncio.sleep(0.1)
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self._close_engine())
+        self.loop.close()
+
+
+def add_subparser(sub) -> None:
+    p = sub.add_parser("tune", help="calibration sweep: measure every speculative config here and write the controller's profile")
+    p.add_argument("--config", help="TOML configuration file (model, engine, controller sections)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--concurrency", default="1,4,8,16", help="comma-separated concurrency levels")
+    p.add_argument("--requests", type=int, default=24, help="requests per config and concurrency level")
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--configs", default="", help="e.g. 'off,parallel K=5,autoregressive K=3' (default: all candidates)")
+    p.add_argument("--plot", type=Path, default=Path("bench/results/tune.png"))
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from quickdraft.bench.speculation import load_prompts
+
+    logging.basicConfig(level="WARNING")
+    cfg = load_config(args.config, overrides=dict(item.split("=", 1) for item in args.set))
+    cfg.validate()
+    key, store = profile_key(cfg), profile_store(cfg)
+    ctl = Controller(controller_settings(cfg))
+    configs = [SpecConfig.parse(c) for c in args.configs.split(",")] if args.configs else None
+    measure = EngineMeasure(cfg, load_prompts(48), args.requests, args.max_tokens)
+    args.plot.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run_sweep(measure, controller=ctl, configs=configs, concurrencies=[int(c) for c in args.concurrency.split(",")], store=store, key=key, plot_path=args.plot)
+    finally:
+        measure.close()
+    print(result.table())
+    print(f"\nstart config: {result.start_config.label()}" + (f" schedule {result.start_schedule.label()}" if result.start_schedule else ""))
+    print(f"profile: {result.profile_path}")
+    print(f"plot: {result.plot_path or result.plot_skipped}")
+    for failure in result.failed:
+        print(f"failed: {failure}")
+    return 0 if not result.failed else 1
