@@ -30,7 +30,7 @@ server's engine twice, and the second would skip its prefill.
   Skipped, with a note, when ``quickdraft.server.controller`` does not import.
 
 A ratio past its threshold fails the run (exit 1) with a line naming the
-ratio, its value and its threshold. ``--inject-relay-delay-ms`` slows the
+ratio, its value and its threshold. ``--inject-relay-ms-per-token`` slows the
 server's stream relay on purpose (bench/inject.py): the gate must then fail.
 """
 
@@ -132,7 +132,7 @@ class GateSpec:
     max_tokens: int = 48
     parallel_ks: tuple[int, ...] = (5, 7)  # the best of these counts; each is one more engine to start
     server_k: int = 5  # the gRPC server's engine (the preset's default)
-    inject_relay_delay_s: float = 0.0
+    inject_relay_s_per_token: float = 0.0
     controller: bool = True
     controller_sim_s: float = 600.0
 
@@ -180,7 +180,7 @@ def measure(spec: GateSpec, engine_factory: Callable | None = None, show_progres
     from tqdm import tqdm
 
     from quickdraft.bench.grpc_overhead import direct, via_grpc
-    from quickdraft.bench.inject import relay_delay
+    from quickdraft.bench.inject import relay_cost
     from quickdraft.bench.speculation import load_prompts
     from quickdraft.client import CompletionClient
     from quickdraft.server.config import load_config
@@ -203,7 +203,7 @@ def measure(spec: GateSpec, engine_factory: Callable | None = None, show_progres
     server = QuickdraftServer(cfg, engine_factory=engine_factory)
     extras: dict[str, Any] = {}
     t0 = time.monotonic()
-    with relay_delay(spec.inject_relay_delay_s):
+    with relay_cost(spec.inject_relay_s_per_token):
         try:
             loop.run(server.start())
             log(f"gate: starting {1 + len(extra_modes)} engines (server: parallel K={spec.server_k}; {', '.join(extra_modes)})")
@@ -410,7 +410,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--parallel-ks", default=",".join(map(str, GateSpec.parallel_ks)), help="P-EAGLE Ks to measure (the best counts)")
     ap.add_argument("--thresholds", type=Path, default=THRESHOLDS)
     ap.add_argument("--no-controller", action="store_true", help="skip the controller replay")
-    ap.add_argument("--inject-relay-delay-ms", type=float, default=0.0, help="slow the stream relay on purpose (the gate must then fail)")
+    ap.add_argument("--inject-relay-ms-per-token", type=float, default=0.0, help="slow the stream relay on purpose, per token it relays (the gate must then fail)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/gate"))
     ap.add_argument("--no-progress", action="store_true")
 
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     ks = tuple(int(k) for k in args.parallel_ks.split(",") if k)
     spec = GateSpec(rounds=args.rounds, min_rounds=min(args.min_rounds, args.rounds), budget_s=args.budget_s, max_tokens=args.max_tokens,
-                    parallel_ks=ks, server_k=5 if 5 in ks else ks[0], inject_relay_delay_s=args.inject_relay_delay_ms / 1000.0, controller=not args.no_controller)
+                    parallel_ks=ks, server_k=5 if 5 in ks else ks[0], inject_relay_s_per_token=args.inject_relay_ms_per_token / 1000.0, controller=not args.no_controller)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         checks, doc = run_gate(spec, args.thresholds, args.out, show_progress=not args.no_progress, log=log)

@@ -67,32 +67,37 @@ def _fake_spec(**kw) -> GateSpec:
 
 def test_an_injected_relay_slowdown_fails_the_gate_on_the_grpc_ratio(tmp_path):
     """The gate's real measurement (in-process server, gRPC client, interleaved
-    rounds) over a fake engine of 20 ms steps; then the same with 60 ms of sleep
-    added to every message the stream relay passes on (bench/inject.py)."""
+    rounds) over a fake engine of 20 ms steps of 3 tokens (~7 ms per token);
+    then the same with 20 ms of blocking work per relayed token added to the
+    server's stream relay (bench/inject.py): the relay, not the engine, now
+    sets the pace of the gRPC path."""
     clean, clean_doc = run_gate(_fake_spec(), engine_factory=factory(step_s=0.02), out=tmp_path / "clean", show_progress=False, log=lambda m: None)
-    slowed, slowed_doc = run_gate(_fake_spec(inject_relay_delay_s=0.06), engine_factory=factory(step_s=0.02), out=tmp_path / "slowed", show_progress=False, log=lambda m: None)
+    slowed, slowed_doc = run_gate(_fake_spec(inject_relay_s_per_token=0.02), engine_factory=factory(step_s=0.02), out=tmp_path / "slowed", show_progress=False, log=lambda m: None)
     before = {c.name: c for c in clean}
     after = {c.name: c for c in slowed}
     assert after["grpc_tpot_ratio"].passed is False
     assert after["grpc_tpot_ratio"].line().startswith("FAIL grpc_tpot_ratio = ")
     assert f"threshold <= {load_thresholds()['grpc_tpot_ratio'].max}" in after["grpc_tpot_ratio"].line()
-    # The failure is the injected sleep's doing: the same measurement without it is far lower.
+    # The failure is the injection's doing: the same measurement without it is far lower.
     assert after["grpc_tpot_ratio"].value > 2 * before["grpc_tpot_ratio"].value
-    # The in-process paths never go through the relay: speculation's ratio is unchanged in kind.
+    # The in-process paths never go through the relay: speculation's ratio passes both times.
     assert after["spec_tpot_ratio"].passed is True and before["spec_tpot_ratio"].passed is True
     assert after["controller_regret"].passed is None and "--no-controller" in after["controller_regret"].note
     assert (tmp_path / "slowed" / "gate.json").exists() and "**FAIL**" in (tmp_path / "slowed" / "gate.md").read_text()
-    assert slowed_doc["spec"]["inject_relay_delay_s"] == 0.06 and clean_doc["rounds"] == 5
+    assert slowed_doc["spec"]["inject_relay_s_per_token"] == 0.02 and clean_doc["rounds"] == 5
 
 
 def test_the_relay_is_restored_after_an_injection():
-    from quickdraft.bench.inject import relay_delay
-    from quickdraft.server.service import CompletionService
+    from quickdraft.bench.inject import relay_cost
+    from quickdraft.server import service
 
-    original = CompletionService._stream
-    with relay_delay(0.01):
-        assert CompletionService._stream is not original
-    assert CompletionService._stream is original
+    original = service.Timing.add
+    with relay_cost(0.001):
+        assert service.Timing.add is not original
+        t = service.Timing(arrival=0.0)
+        t.add(3, 1.0)
+        assert (t.tokens, t.first) == (3, 1.0)  # the relay's own bookkeeping still happens
+    assert service.Timing.add is original
 
 
 def _raw(grpc_factor: float) -> dict:

@@ -105,8 +105,8 @@ def test_quickdraft_cli_has_the_bench_commands(capsys):
     parser = build_parser()
     args = parser.parse_args(["bench", "sweep", "--concurrency", "1,4", "--configs", "off,p5", "--no-peer"])
     assert args.concurrency == [1, 4] and args.configs == "off,p5" and args.no_peer
-    args = parser.parse_args(["bench", "gate", "--rounds", "4", "--inject-relay-delay-ms", "5"])
-    assert args.rounds == 4 and args.inject_relay_delay_ms == 5.0
+    args = parser.parse_args(["bench", "gate", "--rounds", "4", "--inject-relay-ms-per-token", "5"])
+    assert args.rounds == 4 and args.inject_relay_ms_per_token == 5.0
     args = parser.parse_args(["bench", "micro", "--update-baseline", "--sessions", "5"])
     assert args.update_baseline and args.sessions == 5
     with pytest.raises(SystemExit):
