@@ -56,6 +56,9 @@ class ModelConfig:
     """vLLM load format; "dummy" serves random weights (timing studies only)."""
     revision: str | None = None
     """Model revision when `target` is a hub id."""
+    tokenizer: str | None = None
+    """Tokenizer directory or id. None: the target's. Set it when the target
+    directory holds only a config.json (load_format = "dummy")."""
 
 
 @dataclass
@@ -77,7 +80,12 @@ class SpeculationConfig:
     """"standard", or "synthetic" (accept at set rates; for timing studies
     with random weights; not supported by vLLM's CPU sampler)."""
     synthetic_acceptance_rates: list[float] | None = None
-    """Per-position unconditional acceptance rates for "synthetic"."""
+    """Per-position unconditional acceptance rates for "synthetic" (position
+    1 first, non-increasing); the first K are used. Applies to autoregressive
+    drafting, and to parallel drafting unless the next field is set."""
+    synthetic_acceptance_rates_parallel: list[float] | None = None
+    """As above, for parallel drafting (P-EAGLE accepts a little less per
+    position than EAGLE-3). None: `synthetic_acceptance_rates`."""
 
 
 @dataclass
@@ -241,6 +249,9 @@ class QuickdraftConfig:
 
     def target_path(self) -> str:
         return self.model.target or self.preset.target
+
+    def tokenizer_path(self) -> str:
+        return self.model.tokenizer or self.target_path()
 
     def drafter_path(self, parallel: bool | None = None) -> str | None:
         parallel = self.parallel_drafting() if parallel is None else parallel

@@ -165,7 +165,7 @@ class Engine:
         device = cfg.device()
         kwargs: dict[str, Any] = dict(
             model=cfg.target_path(),
-            tokenizer=cfg.target_path(),
+            tokenizer=cfg.tokenizer_path(),
             dtype=("float32" if device == "cpu" else "auto") if cfg.model.dtype == "auto" else cfg.model.dtype,
             max_model_len=cfg.max_model_len(),
             max_num_seqs=cfg.engine.max_num_seqs,
@@ -193,10 +193,15 @@ class Engine:
                 spec["num_speculative_tokens_per_batch_size"] = [list(x) for x in mode.per_batch_size]
             if cfg.speculation.rejection_sample_method != "standard":
                 spec["rejection_sample_method"] = cfg.speculation.rejection_sample_method
-                if cfg.speculation.synthetic_acceptance_rates:
-                    spec["synthetic_acceptance_rates"] = list(cfg.speculation.synthetic_acceptance_rates)[: mode.k]
+                rates = cfg.speculation.synthetic_acceptance_rates
+                if mode.parallel and cfg.speculation.synthetic_acceptance_rates_parallel:
+                    rates = cfg.speculation.synthetic_acceptance_rates_parallel
+                if rates:
+                    spec["synthetic_acceptance_rates"] = list(rates)[: mode.k]
             kwargs["speculative_config"] = spec
-            kwargs["per_request_spec_decode_metrics"] = "summary"
+            if "per_request_spec_decode_metrics" in AsyncEngineArgs.__dataclass_fields__:
+                # vLLM >= 0.32; older engines give only engine-wide counters (the snapshot).
+                kwargs["per_request_spec_decode_metrics"] = "summary"
         kwargs.update(cfg.engine.extra_args)
         return AsyncEngineArgs(**kwargs)
 

@@ -135,7 +135,7 @@ class CompletionService:
                     timing.add(len(c.token_ids), time.perf_counter())
                     if c.finish_reason is not None:
                         finish = c.finish_reason
-                        spec_metrics = c.spec_decode_metrics
+                        spec_metrics = getattr(c, "spec_decode_metrics", None)
                         finished = True
                     if c.text:
                         yield pb.CompleteResponse(text=c.text)

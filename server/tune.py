@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ class EngineMeasure:
             await self._close_engine()
             self.engine = await Engine.start(self.cfg, mode_of(config, None))
             self.config = config
+            print(f"engine {config.label()} ready in {self.engine.start_seconds:.1f} s", flush=True)
         engine = self.engine
         sampling = Sampling(max_tokens=self.max_tokens, temperature=0.0, top_p=1.0, stop=[], seed=None).to_vllm(engine.stop_token_ids)
         ids = [
@@ -56,6 +58,7 @@ class EngineMeasure:
         ]
         observations: list[Observation] = []
         counter = iter(range(self.requests))
+        before = _counters(engine)
 
         async def worker(w: int) -> None:
             for i in counter:
@@ -71,7 +74,7 @@ class EngineMeasure:
                         last = now
                         n += len(c.token_ids)
                     if c.finish_reason is not None:
-                        metrics = c.spec_decode_metrics
+                        metrics = getattr(c, "spec_decode_metrics", None)
                 if n < 2:
                     continue
                 stats = speculative_stats(metrics, engine.mode)
@@ -82,6 +85,13 @@ class EngineMeasure:
                 )
 
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        if engine.mode.enabled and observations and not any(o.num_drafts for o in observations):
+            # vLLM < 0.32 has no per-request acceptance: hand the level's
+            # engine-wide counts to its last observation (the controller pools counts).
+            await asyncio.sleep(0.2)  # the last step's stats arrive after the last token
+            drafts, draft_tokens, per_pos = _delta(before, _counters(engine))
+            last = observations[-1]
+            observations[-1] = dataclasses.replace(last, num_drafts=drafts, num_draft_tokens=draft_tokens, accepted_per_position=per_pos)
         return observations
 
     async def _close_engine(self) -> None:
@@ -96,6 +106,39 @@ class EngineMeasure:
         self.loop.close()
 
 
+def _counters(engine: Engine) -> tuple[int, int, list[int]]:
+    s = engine.snapshot
+    return s.drafts, s.draft_tokens, list(s.accepted_per_position)
+
+
+def _delta(before, after) -> tuple[int, int, tuple[int, ...]]:
+    per = [a - (before[2][i] if i < len(before[2]) else 0) for i, a in enumerate(after[2])]
+    return after[0] - before[0], after[1] - before[1], tuple(per)
+
+
+def write_json(path: Path, cfg, key, result) -> None:
+    """The sweep as data: where it ran, every row, and the picks."""
+    import json
+
+    from quickdraft.server.engine import hardware_description, vllm_version
+
+    doc = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "hardware": hardware_description(),
+        "vllm": vllm_version(),
+        "profile_key": dataclasses.asdict(key),
+        "target": cfg.target_path(),
+        "load_format": cfg.model.load_format,
+        "rejection_sample_method": cfg.speculation.rejection_sample_method,
+        "rows": [r.to_dict() for r in result.rows],
+        "pick_per_concurrency": {str(c): label for c, label in sorted(result.best.items())},
+        "start_config": result.start_config.label(),
+        "failed": result.failed,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def add_subparser(sub) -> None:
     p = sub.add_parser("tune", help="calibration sweep: measure every speculative config here and write the controller's profile")
     p.add_argument("--config", help="TOML configuration file (model, engine, controller sections)")
@@ -105,6 +148,7 @@ def add_subparser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--configs", default="", help="e.g. 'off,parallel K=5,autoregressive K=3' (default: all candidates)")
     p.add_argument("--plot", type=Path, default=Path("bench/results/tune.png"))
+    p.add_argument("--json", type=Path, default=None, help="also write the measurements and the picks per concurrency as JSON")
     p.set_defaults(func=run)
 
 
@@ -124,6 +168,12 @@ def run(args) -> int:
     finally:
         measure.close()
     print(result.table())
+    print("\ncontroller's pick per concurrency (lowest predicted TPOT within the TTFT SLO):")
+    for c, label in sorted(result.best.items()):
+        print(f"  concurrency {c}: {label}")
+    if args.json:
+        write_json(args.json, cfg, key, result)
+        print(f"json: {args.json}")
     print(f"\nstart config: {result.start_config.label()}" + (f" schedule {result.start_schedule.label()}" if result.start_schedule else ""))
     print(f"profile: {result.profile_path}")
     print(f"plot: {result.plot_path or result.plot_skipped}")

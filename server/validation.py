@@ -146,6 +146,16 @@ def validate(cfg: QuickdraftConfig, check_files: bool = True, check_vllm: bool =
             raise ConfigError(f"speculation.rejection_sample_method = {s.rejection_sample_method!r}; use standard or synthetic")
         if s.rejection_sample_method == "synthetic" and cfg.device() == "cpu":
             raise ConfigError("speculation.rejection_sample_method = synthetic is not supported by vLLM's CPU sampler (vLLM 0.32); use standard on CPU")
+        for name in ("synthetic_acceptance_rates", "synthetic_acceptance_rates_parallel"):
+            rates = getattr(s, name)
+            if rates is None:
+                continue
+            if s.rejection_sample_method != "synthetic":
+                raise ConfigError(f"speculation.{name} is set but rejection_sample_method = {s.rejection_sample_method!r}; set it to synthetic or remove the rates")
+            if any(not 0.0 <= r <= 1.0 for r in rates) or any(b > a for a, b in zip(rates, rates[1:])):
+                raise ConfigError(f"speculation.{name} = {rates}: use rates in [0, 1], non-increasing from position 1")
+            if len(rates) < k:
+                raise ConfigError(f"speculation.{name} has {len(rates)} rates; K = {k} needs at least {k}")
 
     for name, port in (("server.port", srv.port), ("telemetry.metrics_port", tel.metrics_port), ("http.port", http.port)):
         if not 0 <= port <= 65535:
@@ -185,8 +195,6 @@ def validate(cfg: QuickdraftConfig, check_files: bool = True, check_vllm: bool =
         if dist is None:
             raise ConfigError("vLLM is not installed: pip install 'quickdraft[cpu]' (CPU) or 'quickdraft[cuda]' (NVIDIA GPU)")
         device = cfg.device()
-        if e.device == "cuda" and device == "cuda":
-            pass
         if device == "cuda" and is_cpu_build(dist):
             raise ConfigError(f"engine.device is cuda but the installed vLLM is the CPU build ({dist[0]} {dist[1]}); install 'quickdraft[cuda]' or set engine.device = cpu")
         if device == "cpu" and not is_cpu_build(dist):

@@ -108,3 +108,47 @@ def test_synthetic_rejection_refused_on_cpu():
     cfg = cfg_with(**{"speculation.rejection_sample_method": "synthetic", "engine.device": "cpu"})
     with pytest.raises(ConfigError, match="CPU sampler"):
         cfg.validate(check_files=False)
+
+
+def test_the_h200_timing_config_builds_per_mode_synthetic_rates(monkeypatch):
+    """bench/gpu/h200-qwen3-coder-dummy.toml: config.json-only target and
+    drafter, dummy weights, a separate tokenizer, per-mode acceptance rates."""
+    import vllm
+
+    from quickdraft.server import validation
+    from quickdraft.server.engine import Engine, SpecMode
+
+    class FakeArgs:  # records the kwargs vLLM would get
+        __dataclass_fields__ = {"per_request_spec_decode_metrics": None}
+
+        def __init__(self, **kw):
+            self.kw = kw
+
+    cfg = load_config("bench/gpu/h200-qwen3-coder-dummy.toml", env={})
+    validation.validate(cfg, check_vllm=False)  # no weights needed with load_format = dummy
+    assert cfg.tokenizer_path() == "quickdraft/models/embedded/target"
+    assert cfg.target_path() == "bench/gpu/qwen3-coder-30b-a3b"
+    monkeypatch.setattr(vllm, "AsyncEngineArgs", FakeArgs)
+    par = Engine(cfg, SpecMode(True, True, 5)).engine_args().kw
+    ar = Engine(cfg, SpecMode(True, False, 3)).engine_args().kw
+    off = Engine(cfg, SpecMode.off()).engine_args().kw
+    assert par["tokenizer"] == cfg.tokenizer_path() and par["load_format"] == "dummy"
+    assert par["speculative_config"]["synthetic_acceptance_rates"] == [0.64, 0.40, 0.25, 0.15, 0.10]
+    assert ar["speculative_config"]["synthetic_acceptance_rates"] == [0.72, 0.50, 0.33]
+    assert ar["speculative_config"]["parallel_drafting"] is False and ar["enforce_eager"] is False
+    assert "speculative_config" not in off
+
+
+@pytest.mark.parametrize(
+    "values, fragment",
+    [
+        ({"speculation.synthetic_acceptance_rates": [0.7, 0.5, 0.3, 0.2, 0.1]}, "rejection_sample_method = 'standard'"),
+        ({"speculation.rejection_sample_method": "synthetic", "speculation.synthetic_acceptance_rates": [0.5, 0.7, 0.3, 0.2, 0.1]}, "non-increasing"),
+        ({"speculation.rejection_sample_method": "synthetic", "speculation.synthetic_acceptance_rates_parallel": [0.5, 0.3]}, "K = 5 needs at least 5"),
+        ({"speculation.rejection_sample_method": "synthetic", "speculation.synthetic_acceptance_rates": [1.5, 0.5, 0.3, 0.2, 0.1]}, "in [0, 1]"),
+    ],
+)
+def test_synthetic_rates_are_checked(values, fragment):
+    cfg = cfg_with(**{"engine.device": "cuda", **values})
+    with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+        cfg.validate(check_files=False, check_vllm=False)

@@ -113,6 +113,9 @@ def run_sweep(
                     ctl.observe(o)
                 row = _summarise(cfg, c, obs)
                 rows.append(row)
+                if progress:
+                    tqdm.write(f"{cfg.label()} x{c}: {row.requests} requests, TPOT {_ms(row.tpot_s)} ms, "
+                               f"TTFT p50 {_ms(row.ttft_p50_s)} ms, accepted length {row.acceptance_length:.2f}")
                 bar.set_postfix_str(f"TPOT {_ms(row.tpot_s)} ms")
                 bar.update(1)
     finally:
