@@ -98,7 +98,7 @@ class EngineConfig:
     """GPUs per model replica (vLLM tensor parallelism)."""
     data_parallel_size: int = 1
     """Model replicas (vLLM data parallelism). Past one machine use vLLM's
-    multi-node support (docs/deployment.md)."""
+    multi-node serving (vLLM's own docs); quickdraft adds nothing there."""
     gpu_memory_utilization: float = 0.9
     """Share of GPU memory vLLM may take (GPU only)."""
     cpu_kv_cache_gib: int = 1

@@ -60,8 +60,8 @@ PRESETS: dict[str, Preset] = {
     "qwen3-coder-30b-p-eagle": Preset(
         name="qwen3-coder-30b-p-eagle",
         target="Qwen/Qwen3-Coder-30B-A3B-Instruct",
-        drafter="amazon/Qwen3-Coder-30B-A3B-Instruct-p-eagle",
-        parallel_drafter="amazon/Qwen3-Coder-30B-A3B-Instruct-p-eagle",
+        drafter="amazon/Qwen3-Coder-30B-A3B-Instruct-P-EAGLE",
+        parallel_drafter="amazon/Qwen3-Coder-30B-A3B-Instruct-P-EAGLE",
         max_model_len=32768,
         prompt_budget_tokens=8192,
         prompt_format="qwen-fim",
