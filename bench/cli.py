@@ -5,6 +5,7 @@
     quickdraft bench sweep  [--concurrency 1,4,8,16] [--configs off,p5,vllm-serve] [--preset NAME]
     quickdraft bench gate   (= python -m quickdraft.bench.gate)
     quickdraft bench micro  (= python -m quickdraft.bench.micro)
+    quickdraft bench phases (= python -m quickdraft.bench.controller_phases)
 
 ``quickdraft/cli.py`` calls ``add_subparsers`` when this module imports.
 """
@@ -263,6 +264,12 @@ def add_subparsers(subparsers) -> None:
                        description=micro.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     micro.add_arguments(p)
     p.set_defaults(func=_micro)
+    from quickdraft.bench import controller_phases
+
+    p = sub.add_parser("phases", help="the controller under a 1 -> 8 -> 1 stream load change, against every static config",
+                       description=controller_phases.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    controller_phases.add_arguments(p)
+    p.set_defaults(func=controller_phases.run)
 
 
 def main(argv: list[str] | None = None) -> int:

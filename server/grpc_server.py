@@ -93,9 +93,10 @@ class CompletionServicer:
         return self.service.server_info()
 
     async def GetControllerState(self, request, context):
-        if self.controller_state is None:
+        state = self.controller_state() if self.controller_state is not None else None
+        if state is None:  # no controller configured: the static config is what runs
             return pb.ControllerState(enabled=False, active=self.service.server_info().speculative)
-        return self.controller_state()
+        return state
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(

@@ -231,3 +231,17 @@ def test_closing_the_stream_aborts_at_once():
     aborted_now, open_streams = asyncio.run(run())
     assert len(aborted_now) == 1
     assert open_streams == 0
+
+
+@pytest.mark.parametrize("controller_state", [None, lambda: None])
+async def test_controller_state_without_a_controller_reports_the_static_config(controller_state):
+    """A server started without --controller answers GetControllerState with
+    enabled = false and the config it runs, not an error."""
+    from quickdraft.server.grpc_server import CompletionServicer
+
+    spec = pb.SpeculativeConfig(method="eagle3", parallel_drafting=True, num_speculative_tokens=5)
+    service = SimpleNamespace(server_info=lambda: pb.ServerInfo(speculative=spec))
+    servicer = CompletionServicer(service, controller_state=controller_state)
+    state = await servicer.GetControllerState(pb.GetControllerStateRequest(), context=None)
+    assert state.enabled is False
+    assert state.active.num_speculative_tokens == 5 and state.active.parallel_drafting
