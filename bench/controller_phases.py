@@ -895,9 +895,7 @@ def run_bench(spec: PhasesSpec, wspec: WorkloadSpec, out: Path, show_progress: b
 
 
 def _fmt(v, digits: int = 2, suffix: str = "") -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "-"
-    return f"{v:.{digits}f}{suffix}"
+    return report._f(v, digits, suffix)  # noqa: SLF001 - the same "-" for missing numbers as the other tables
 
 
 def _pct(v) -> str:
