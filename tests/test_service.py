@@ -245,3 +245,40 @@ async def test_controller_state_without_a_controller_reports_the_static_config(c
     state = await servicer.GetControllerState(pb.GetControllerStateRequest(), context=None)
     assert state.enabled is False
     assert state.active.num_speculative_tokens == 5 and state.active.parallel_drafting
+
+
+def test_fallback_mode_after_a_crash_loop():
+    from quickdraft.server.engine_manager import fallback_mode
+
+    configured = SpecMode(True, True, 5)
+    scheduled = SpecMode(True, True, 5, ((1, 2, 5), (3, 16, 1)))
+    assert fallback_mode(scheduled, configured) == configured
+    assert fallback_mode(SpecMode(True, True, 5, ((1, 2, 5), (3, 16, 1))), scheduled) == SpecMode(True, True, 5)
+    assert fallback_mode(configured, configured) == SpecMode.off()
+
+
+async def test_an_engine_that_keeps_dying_young_is_restarted_with_another_config():
+    """Two quick deaths under the same config: the third start uses the
+    configured static config (here P-EAGLE K=5) instead of the crashing one."""
+    import time as _time
+
+    started: list[SpecMode] = []
+
+    async def factory(cfg, mode):
+        started.append(mode)
+        e = FakeEngine(mode)
+        e.started_at = _time.time()
+        return e
+
+    cfg, manager, _ = make_service(factory)
+    crashing = SpecMode(True, True, 5, ((1, 2, 5), (3, 16, 1)))
+    await manager.start(crashing)
+    for _ in range(2):
+        manager.engine.dead = True
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if not manager.engine.dead and manager.state == "serving":
+                break
+    assert started == [crashing, crashing, SpecMode.from_config(cfg)]
+    assert manager.stats.fallbacks == 1 and manager.stats.restarts == 2
+    await manager.stop()

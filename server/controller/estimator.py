@@ -148,7 +148,8 @@ class Estimator:
         dearer), capped at ``k_cap``. With schedules disabled, one K: the best
         at ``load``. None if no K of this mode is allowed."""
         self.refit()
-        uniform_at = None if self.settings.schedule.enabled else max(1, int(round(load)))
+        sched = self.settings.schedule
+        uniform_at = None if sched.enabled and (sched.parallel or not parallel) else max(1, int(round(load)))
         key = (parallel, k_cap, banned, uniform_at)
         if key in self._sched_cache:
             return self._sched_cache[key]

@@ -296,6 +296,10 @@ class ScheduleSettings:
 
     enabled: bool = True
     """Emit a per-batch-size schedule; False: one K for all batch sizes."""
+    parallel: bool = True
+    """Schedules for parallel drafting too. vLLM 0.32's CPU build crashes a
+    P-EAGLE engine with a schedule once the batch reaches a range with another
+    K (docs/vllm-notes.md); the server turns this off there."""
     max_batch: int = 64
     """Largest batch the schedule is planned for (the engine's max_num_seqs);
     beyond it vLLM carries the last K forward."""
