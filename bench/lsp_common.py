@@ -100,16 +100,9 @@ def percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    from quickdraft.server.engine import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
 
 
 def report(title: str, rows: list[dict], columns: list[tuple[str, str]], json_path: str | None, extra: dict | None = None) -> None:

@@ -120,16 +120,19 @@ def hardware_description() -> str:
             return f"{len(names)}x {names[0]}"
     except ImportError:
         pass
-    model = platform.processor() or platform.machine()
+    return f"CPU {cpu_model()} ({os.cpu_count()} cores)"
+
+
+def cpu_model() -> str:
+    """The processor's name as /proc/cpuinfo gives it (else what platform knows)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"CPU {model} ({os.cpu_count()} cores)"
+    return platform.processor() or platform.machine()
 
 
 def vllm_version() -> str:
