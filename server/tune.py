@@ -2,7 +2,8 @@
 
 For every candidate config (off, autoregressive and parallel K in {1,3,5,7})
 an in-process engine serves held-out completion prompts at concurrency
-1, 4, 8 and 16 (closed loop, greedy); the requests become controller
+1, 4, 8 and 16 (closed loop, greedy), after an unrecorded warm-up round per
+level; the requests become controller
 observations. The controller's models are fitted on them, the tuned profile is
 written where ``quickdraft serve --controller`` looks for it (same hardware,
 model, drafters and vLLM version), and a plot of TPOT and TTFT against K per
@@ -32,11 +33,15 @@ log = logging.getLogger("quickdraft.tune")
 class EngineMeasure:
     """measure(config, concurrency) -> observations, reusing one engine per config."""
 
-    def __init__(self, cfg, prompts: list[dict], requests_per_level: int, max_tokens: int):
+    def __init__(self, cfg, prompts: list[dict], requests_per_level: int, max_tokens: int, warmup_rounds: int = 1):
         self.cfg = cfg
         self.prompts = prompts
         self.requests = requests_per_level
         self.max_tokens = max_tokens
+        # Unrecorded rounds of `concurrency` requests before each level: the first
+        # batch of a new shape pays for JIT-compiled kernels (Triton on CUDA),
+        # which belongs to warm-up, not to the level's TTFT.
+        self.warmup_rounds = warmup_rounds
         self.loop = asyncio.new_event_loop()
         self.engine: Engine | None = None
         self.config: SpecConfig | None = None
@@ -57,7 +62,15 @@ class EngineMeasure:
             for p in self.prompts
         ]
         observations: list[Observation] = []
+        warmup = iter(range(self.requests, self.requests + self.warmup_rounds * concurrency))
         counter = iter(range(self.requests))
+
+        async def warm(w: int) -> None:
+            for i in warmup:
+                async for _ in engine.generate(f"tune-warmup-{w}-{i}-{time.monotonic_ns()}", ids[i % len(ids)], sampling):
+                    pass
+
+        await asyncio.gather(*(warm(w) for w in range(concurrency)))
         before = _counters(engine)
 
         async def worker(w: int) -> None:
@@ -146,6 +159,7 @@ def add_subparser(sub) -> None:
     p.add_argument("--concurrency", default="1,4,8,16", help="comma-separated concurrency levels")
     p.add_argument("--requests", type=int, default=24, help="requests per config and concurrency level")
     p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--warmup-rounds", type=int, default=1, help="unrecorded rounds of `concurrency` requests before each level")
     p.add_argument("--configs", default="", help="e.g. 'off,parallel K=5,autoregressive K=3' (default: all candidates)")
     p.add_argument("--plot", type=Path, default=Path("bench/results/tune.png"))
     p.add_argument("--json", type=Path, default=None, help="also write the measurements and the picks per concurrency as JSON")
@@ -161,7 +175,7 @@ def run(args) -> int:
     key, store = profile_key(cfg), profile_store(cfg)
     ctl = Controller(controller_settings(cfg))
     configs = [SpecConfig.parse(c) for c in args.configs.split(",")] if args.configs else None
-    measure = EngineMeasure(cfg, load_prompts(48), args.requests, args.max_tokens)
+    measure = EngineMeasure(cfg, load_prompts(48), args.requests, args.max_tokens, args.warmup_rounds)
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     try:
         result = run_sweep(measure, controller=ctl, configs=configs, concurrencies=[int(c) for c in args.concurrency.split(",")], store=store, key=key, plot_path=args.plot)
