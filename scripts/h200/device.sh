@@ -69,6 +69,9 @@ start)
 wait)
     limit=${2:-540}
     t=0
+    # A machine given back between calls comes back bare: say so at once
+    # instead of sleeping out the call on device time (lost 580 s once).
+    if [ ! -f "$RUN/log" ]; then echo "no tune run on this machine (it was given back and started fresh): stash the parts and start again" >&2; exit 6; fi
     while [ ! -f "$RUN/done" ] && [ "$t" -lt "$limit" ]; do sleep 5; t=$((t + 5)); done
     tail -c 6000 "$RUN/log"
     cp "$RUN"/log "$OUT"/tune.log 2>/dev/null

@@ -143,9 +143,8 @@ class Estimator:
         banned: frozenset[SpecConfig] = frozenset(),
     ) -> KSchedule | None:
         """Per batch size, the candidate K with the lowest predicted TPOT that
-        meets the TTFT SLOs (the least violating when none does); K is made
-        non-increasing in the batch size (bigger batches make verification
-        dearer), capped at ``k_cap``. With schedules disabled, one K: the best
+        meets the TTFT SLOs (the least violating when none does), capped at
+        ``k_cap``; non-increasing in the batch size if the settings say so. With schedules disabled, one K: the best
         at ``load``. None if no K of this mode is allowed."""
         self.refit()
         sched = self.settings.schedule
@@ -206,8 +205,9 @@ class Estimator:
                 ):
                     best_k, best_val = k, val
             chosen.append(best_k)
-        for i in range(1, len(chosen)):
-            chosen[i] = min(chosen[i], chosen[i - 1])
+        if st.schedule.non_increasing:
+            for i in range(1, len(chosen)):
+                chosen[i] = min(chosen[i], chosen[i - 1])
         if max(chosen) == 0:
             return None
         if uniform_at is not None:

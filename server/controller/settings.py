@@ -311,6 +311,12 @@ class ScheduleSettings:
     k_tie_tolerance: float = 0.02
     """Prefer the smaller K unless a larger one is predicted this much faster
     (less KV cache, less exposure to acceptance drops)."""
+    non_increasing: bool = False
+    """Force K to fall (or stay) as the batch grows. Off by default: it holds
+    for dense targets (verification gets dearer per token), but on the H200
+    the Qwen3-Coder MoE target's best K rose with the batch (3 at 1 stream, 5
+    at 4 and 8; docs/gpu-h200.md): a batch touches most experts whatever K is,
+    so verification is nearly flat in K and drafting's share shrinks."""
 
     def validate(self) -> None:
         _check(1 <= self.max_batch <= 4096, "schedule.max_batch must be 1..4096")

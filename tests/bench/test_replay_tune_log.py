@@ -1,0 +1,60 @@
+"""The H200 tune log replayed into the controller (bench/gpu/replay_tune_log.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quickdraft.bench.gpu.replay_tune_log import main, observations, parse_rows, replay
+from quickdraft.server.controller import SpecConfig
+
+LOG = Path(__file__).resolve().parents[2] / "docs" / "perf" / "h200-tune-2026-12-02.log"
+RATES = [0.72, 0.50, 0.33, 0.21, 0.14, 0.093, 0.062]
+
+
+def test_parses_rows_through_progress_bar_carriage_returns():
+    text = "\rtune off x1:   0%|\n\r   \roff x1: 24 requests, TPOT 4.299 ms, TTFT p50 88.5 ms, accepted length 1.00\n" \
+           "\rautoregressive K=3 x8: 24 requests, TPOT 5.9154 ms, TTFT p50 100.88 ms, accepted length 2.54\rtune ...\n"
+    rows = parse_rows(text)
+    assert [(r["config"], r["concurrency"]) for r in rows] == [(SpecConfig.off(), 1), (SpecConfig(False, 3), 8)]
+    assert abs(rows[1]["tpot_s"] - 0.0059154) < 1e-9 and rows[1]["acceptance_length"] == 2.54
+
+
+def test_observations_keep_the_rows_accepted_length():
+    row = {"config": SpecConfig(False, 3), "concurrency": 4, "requests": 5, "tpot_s": 0.005, "ttft_s": 0.05, "acceptance_length": 2.5}
+    obs = observations(row, 64, RATES)
+    assert len(obs) == 5 and all(o.batch_size == 4 and o.config == SpecConfig(False, 3) for o in obs)
+    o = obs[0]
+    assert abs((1 + o.num_accepted_tokens / o.drafts) - 2.5) < 0.05
+    assert list(o.accepted_per_position) == sorted(o.accepted_per_position, reverse=True)
+
+
+def test_h200_picks_follow_the_measured_best_k_which_rises_with_the_batch():
+    rows = parse_rows(LOG.read_text())
+    assert {r["config"].label() for r in rows} >= {"off", "autoregressive K=3", "autoregressive K=5"}
+    picks = replay(rows, max_tokens=64, rates_ar=RATES, rates_parallel=RATES, ttft_slo_s={"inline": 0.3}, max_batch=8)
+    for c, (cfg, sched) in picks.items():
+        best = min((r for r in rows if r["concurrency"] == c), key=lambda r: r["tpot_s"])
+        k_at_c = sched.k_for(c) if sched is not None else cfg.k
+        assert not cfg.parallel and k_at_c == best["config"].k, (c, sched, best["config"].label())
+    # and it is a schedule: K=3 alone, then K=5 from 4 streams
+    assert picks[1][1] is not None and picks[1][1].k_for(1) == 3 and picks[1][1].k_for(8) == 5
+
+
+def test_cli_prints_table_and_picks(capsys):
+    assert main([str(LOG)]) == 0
+    out = capsys.readouterr().out
+    assert "| autoregressive K=5 | 8 | 24 |" in out and "concurrency 8:" in out
+
+
+def test_non_increasing_setting_clamps_the_schedule():
+    from quickdraft.server.controller import Controller
+    from quickdraft.server.controller.settings import ControllerSettings, ScheduleSettings
+
+    rows = parse_rows(LOG.read_text())
+    cands = tuple(dict.fromkeys(r["config"] for r in rows))
+    ctl = Controller(ControllerSettings(candidates=cands, initial=cands[0], schedule=ScheduleSettings(max_batch=8, non_increasing=True)))
+    for row in rows:
+        for o in observations(row, 64, RATES):
+            ctl.observe(o)
+    _, sched, _ = ctl.recommend(8)
+    assert sched is not None and sched.k_for(1) == 3 and sched.k_for(8) == 3
