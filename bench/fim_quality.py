@@ -11,6 +11,11 @@ asked twice, with the same token budget and generation settings:
 - ``plain window``: the characters just before and after the hole (3:1), no
   repository context.
 
+Both conditions go through the bridge's backend (``lsp_bridge/backend.py``),
+one per condition: each learns bytes per token from its own answers, and a
+prompt refused as too long is rebuilt once with the corrected ratio, as in the
+editor.
+
 Reported: first-line exact match and edit similarity (1 - Levenshtein
 distance / longer length) of the model's first line.
 
@@ -28,7 +33,8 @@ import statistics
 from dataclasses import dataclass
 
 from quickdraft.bench.lsp_common import report
-from quickdraft.client import AsyncCompletionClient, RetryPolicy, build_request
+from quickdraft.client import build_request
+from quickdraft.lsp_bridge.backend import UP, Backend, BackendConfig, Outcome
 from quickdraft.lsp_bridge.completer import make_request
 from quickdraft.lsp_bridge.context import SUFFIX_SHARE, Budget, ContextEngine
 from quickdraft.lsp_bridge.languages import canonical_id
@@ -162,44 +168,62 @@ async def run(args: argparse.Namespace) -> dict:
     if not tasks:
         raise SystemExit(f"no tasks: no usable source files under {root}")
 
-    client = None
     budget = Budget(args.budget_tokens or 1536, args.chars_per_token or 3.5)
+    builders = {
+        "tree-sitter": lambda task, b: tree_sitter_request(task, root, files, b, settings, args.open_neighbours),
+        "plain window": lambda task, b: plain_request(task, root, b, settings),
+    }
+    backends: dict[str, Backend] = {}
     if not args.dry_run:
-        client = AsyncCompletionClient(args.server, timeout=args.timeout, retry=RetryPolicy(max_attempts=3))
-        if not args.budget_tokens:
-            info = await client.server_info()
-            budget = Budget(
-                info.limits.prompt_budget_tokens or budget.tokens, info.limits.chars_per_token or budget.chars_per_token
-            )
+        for name in builders:
+            backends[name] = backend = Backend(BackendConfig(address=args.server, request_timeout_s=args.timeout))
+            backend.start()
+            for _ in range(int(args.timeout * 10)):
+                if backend.state == UP:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise SystemExit(f"no quickdraft server answering at {args.server}")
+            if args.budget_tokens:
+                backend.budget = budget
+            if args.chars_per_token:
+                backend.ratio.announced = args.chars_per_token
+        budget = next(iter(backends.values())).budget
     settings = Settings()
-    conditions = {"tree-sitter": [], "plain window": []}
+    conditions = {name: [] for name in builders}
     prompt_chars = {name: [] for name in conditions}
     context_files = {name: [] for name in conditions}
     errors = {name: 0 for name in conditions}
+    retries = {name: 0 for name in conditions}
     per_task = []
     for task in tasks:
-        requests = {
-            "tree-sitter": _single_line(tree_sitter_request(task, root, files, budget, settings, args.open_neighbours), args.max_tokens),
-            "plain window": _single_line(plain_request(task, root, budget, settings), args.max_tokens),
-        }
         record = {"path": os.path.relpath(task.path, root), "expected": task.expected}
-        for name, request in requests.items():
+        for name, build in builders.items():
+            backend = backends.get(name)
+            if backend is None:  # dry run: the prompt only
+                request = build(task, budget)
+                prompt_chars[name].append(_prompt_chars(request))
+                context_files[name].append(len(request.context_files))
+                continue
+            parts: list[str] = []
+            for attempt in range(2):
+                request = _single_line(build(task, backend.budget_for(task.path, task.language)), args.max_tokens)
+                parts.clear()
+                outcome = await backend.complete(request, lambda t: parts.append(t) and False, document=task.path, language=task.language)
+                if outcome is not Outcome.PROMPT_TOO_LONG:
+                    break
+                retries[name] += 1
             prompt_chars[name].append(_prompt_chars(request))
             context_files[name].append(len(request.context_files))
-            if client is None:
-                continue
-            try:
-                text = await client.complete(request).text()
-            except Exception as err:  # a failed request counts as a miss, and is reported
+            if outcome is not Outcome.ANSWERED:  # a failed request counts as a miss, and is reported
                 errors[name] += 1
-                text = ""
-                record[f"{name} error"] = str(err)[:200]
-            first = text.split("\n", 1)[0].strip()
+                record[f"{name} error"] = outcome.value
+            first = "".join(parts).split("\n", 1)[0].strip()
             conditions[name].append((first == task.expected, edit_similarity(first, task.expected)))
             record[name] = first
         per_task.append(record)
-    if client is not None:
-        await client.close()
+    for backend in backends.values():
+        await backend.close()
 
     rows = []
     for name, results in conditions.items():
@@ -209,6 +233,7 @@ async def run(args: argparse.Namespace) -> dict:
             "mean_prompt_chars": statistics.fmean(prompt_chars[name]),
             "mean_context_files": statistics.fmean(context_files[name]),
             "errors": errors[name],
+            "rebuilt_smaller": retries[name],
         }
         if results:
             row["exact_match"] = sum(hit for hit, _ in results) / len(results)
@@ -226,6 +251,7 @@ async def run(args: argparse.Namespace) -> dict:
             ("mean_prompt_chars", "prompt chars"),
             ("mean_context_files", "context files"),
             ("errors", "errors"),
+            ("rebuilt_smaller", "rebuilt smaller"),
         ],
         args.json,
         {"server": args.server, "source_dir": root, "budget_tokens": budget.tokens, "tasks": per_task},

@@ -3,12 +3,23 @@ vLLM AsyncLLM in-process, same prompts, same engine, same process start.
 
     python -m quickdraft.bench.grpc_overhead [--requests 60] [--max-tokens 48]
 
-One engine (embedded preset, parallel drafting K=5) serves both paths; requests
-alternate between them, one at a time, so machine noise hits both alike. The
-in-process path gets pre-tokenized prompts; the gRPC path includes everything
-the server does (parse, validate, render, tokenize, admission, metrics, stream
-relay) and the client's own gRPC stack. Reported: p50 TTFT difference in ms
-and the TPOT ratio. Targets (issue "serve"): +2 ms TTFT at p50, +3 % TPOT.
+One engine (embedded preset, parallel drafting K=5) serves four paths;
+requests rotate between them, one at a time, so machine noise hits all alike:
+
+- ``direct``: the rendered FIM prompt text into vLLM's AsyncLLM, which
+  tokenizes it, timed inside the server's event loop: what calling AsyncLLM
+  in-process costs. The targets are measured against this path;
+- ``direct_ids``: the same prompts pre-tokenized (``Engine.generate``), a lower
+  bound that charges the prompt's tokenization to the server;
+- ``grpc``: the sync client in its own process, as an editor's bridge is. It
+  includes everything the server does (parse, validate, render, tokenize,
+  admission, metrics, stream relay) and both gRPC stacks;
+- ``grpc_in_process``: the same client on a thread of the server's process.
+  It shares the server's interpreter lock, so it adds that contention.
+
+Reported: TTFT added at p50 (the median of paired differences: the same
+prompt in the same round) and the TPOT ratio of medians. Targets (issue
+"serve"): +2 ms TTFT at p50, +3 % TPOT, ``grpc`` against ``direct``.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -38,13 +50,16 @@ class Measured:
     histogram: list[int] | None = None
 
 
-async def direct(engine, ids: list[int], sampling, rid: str) -> Measured:
-    """One request straight into the engine (``Engine.generate``), no server in between."""
+async def direct(engine, prompt: list[int] | str, sampling, rid: str) -> Measured:
+    """One request straight into the engine, no server in between. ``prompt``:
+    token ids (``Engine.generate``), or the rendered prompt text, which vLLM's
+    AsyncLLM tokenizes itself, as any in-process caller's would be."""
     t0 = time.perf_counter()
     first = last = None
     n = 0
     histogram = None
-    async for out in engine.generate(rid, ids, sampling):
+    stream = engine.generate(rid, prompt, sampling) if isinstance(prompt, list) else engine.llm.generate(prompt, sampling, rid)
+    async for out in stream:
         c = out.outputs[0]
         if c.token_ids:
             now = time.perf_counter()
@@ -72,6 +87,47 @@ def via_grpc(client, req) -> Measured:
     return Measured((first or time.perf_counter()) - t0, tpot, n)
 
 
+def client_process(target: str, max_tokens: int, n_prompts: int) -> int:
+    """``--client-of``: read prompt indices from stdin, answer each with one
+    request's timing as a JSON line (the parent alternates paths)."""
+    from quickdraft.client import CompletionClient
+
+    reqs = requests_for(load_prompts(n_prompts), max_tokens)
+    with CompletionClient(target, timeout=120) as client:
+        for line in sys.stdin:
+            m = via_grpc(client, reqs[int(line)])
+            print(json.dumps({"ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "tokens": m.tokens}), flush=True)
+    return 0
+
+
+class ClientProcess:
+    """The parent's handle on the client process."""
+
+    def __init__(self, target: str, max_tokens: int, n_prompts: int):
+        cmd = [sys.executable, "-m", "quickdraft.bench.grpc_overhead", "--client-of", target,
+               "--max-tokens", str(max_tokens), "--requests", str(2 * n_prompts)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def __call__(self, index: int) -> Measured:
+        self.proc.stdin.write(f"{index}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the client process ended (exit {self.proc.poll()})")
+        d = json.loads(line)
+        return Measured(d["ttft_s"], d["tpot_s"], d["tokens"])
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+def requests_for(prompts: list[dict], max_tokens: int):
+    from quickdraft.v1 import completion_pb2 as pb
+
+    return [pb.CompleteRequest(prefix=p["prefix"], max_tokens=max_tokens, **({"suffix": p["suffix"]} if p["suffix"] is not None else {})) for p in prompts]
+
+
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     if not xs:
@@ -85,13 +141,17 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=60, help="per path")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--out", type=Path, default=Path("bench/results/grpc_overhead"))
+    ap.add_argument("--client-of", metavar="HOST:PORT", help=argparse.SUPPRESS)  # the client process's own mode
     args = ap.parse_args(argv)
+    n_prompts = max(1, args.requests // 2)
+    if args.client_of:
+        return client_process(args.client_of, args.max_tokens, n_prompts)
 
     from quickdraft.client import CompletionClient
     from quickdraft.server.config import load_config
     from quickdraft.server.grpc_server import QuickdraftServer
+    from quickdraft.prompt_format import CodeContext, render
     from quickdraft.server.requests import Sampling, tokenize
-    from quickdraft.v1 import completion_pb2 as pb
 
     cfg = load_config(env={}, overrides={"server.port": 0, "telemetry.metrics_port": 0})
     cfg.validate()
@@ -103,30 +163,45 @@ def main(argv=None) -> int:
     run(server.wait_ready(900))
     engine = server.engines.engine
 
-    prompts = load_prompts(max(1, args.requests // 2))
-    reqs = [pb.CompleteRequest(prefix=p["prefix"], max_tokens=args.max_tokens, **({"suffix": p["suffix"]} if p["suffix"] is not None else {})) for p in prompts]
+    reqs = requests_for(load_prompts(n_prompts), args.max_tokens)
     token_ids = [tokenize(engine.tokenizer, r, cfg.preset.prompt_format) for r in reqs]
+    texts = [render(CodeContext(prefix=r.prefix, suffix=r.suffix if r.HasField("suffix") else None)) for r in reqs]
     sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, top_p=1.0, stop=[], seed=None).to_vllm(engine.stop_token_ids)
 
-    results = {"direct": {"ttft": [], "tpot": []}, "grpc": {"ttft": [], "tpot": []}}
-    with CompletionClient(f"127.0.0.1:{server.port}", timeout=120) as client:
-        run(direct(engine, token_ids[0], sampling, "warm"))
-        via_grpc(client, reqs[0])
-        for i in range(args.requests):
-            j = i % len(reqs)
-            # Alternate which path goes first, so neither always follows the other.
-            order = ("direct", "grpc") if i % 2 == 0 else ("grpc", "direct")
-            for path in order:
-                m = run(direct(engine, token_ids[j], sampling, f"d{i}")) if path == "direct" else via_grpc(client, reqs[j])
-                results[path]["ttft"].append(m.ttft_s)
-                if m.tpot_s is not None and m.tokens >= 4:
-                    results[path]["tpot"].append(m.tpot_s)
-    run(server.shutdown(1))
+    paths = ("direct", "direct_ids", "grpc", "grpc_in_process")
+    results = {p: {"ttft": [], "tpot": []} for p in paths}
+    remote = ClientProcess(f"127.0.0.1:{server.port}", args.max_tokens, n_prompts)
+    try:
+        with CompletionClient(f"127.0.0.1:{server.port}", timeout=120) as client:
+            call = {
+                "direct": lambda i, j: run(direct(engine, texts[j], sampling, f"d{i}")),
+                "direct_ids": lambda i, j: run(direct(engine, token_ids[j], sampling, f"i{i}")),
+                "grpc": lambda i, j: remote(j),
+                "grpc_in_process": lambda i, j: via_grpc(client, reqs[j]),
+            }
+            for path in paths:  # warm-up, not recorded
+                call[path](-1, 0)
+            for i in range(args.requests):
+                j = i % len(reqs)
+                # Rotate which path goes first, so none always follows another.
+                for path in paths[i % len(paths):] + paths[: i % len(paths)]:
+                    m = call[path](i, j)
+                    results[path]["ttft"].append(m.ttft_s)
+                    if m.tpot_s is not None and m.tokens >= 4:
+                        results[path]["tpot"].append(m.tpot_s)
+    finally:
+        remote.close()
+        run(server.shutdown(1))
 
-    d, g = results["direct"], results["grpc"]
-    ttft_p50_delta_ms = 1000 * (statistics.median(g["ttft"]) - statistics.median(d["ttft"]))
-    # Token-weighted means are too sensitive to a few long requests: compare medians.
-    tpot_ratio = statistics.median(g["tpot"]) / statistics.median(d["tpot"])
+    def added_ms(path: str, base: str = "direct") -> float:
+        """Median over rounds of (path's TTFT - base's TTFT) for the same prompt."""
+        return 1000 * statistics.median(a - b for a, b in zip(results[path]["ttft"], results[base]["ttft"]))
+
+    def tpot_ratio(path: str, base: str = "direct") -> float:
+        # Token-weighted means are too sensitive to a few long requests: compare medians.
+        return statistics.median(results[path]["tpot"]) / statistics.median(results[base]["tpot"])
+
+    ttft_p50_delta_ms = added_ms("grpc")
     report = {
         "command": "python -m quickdraft.bench.grpc_overhead " + " ".join(argv or sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -134,7 +209,9 @@ def main(argv=None) -> int:
         "ttft_ms": {p: {"p50": 1000 * statistics.median(v["ttft"]), "p90": 1000 * percentile(v["ttft"], 0.9)} for p, v in results.items()},
         "tpot_ms": {p: {"p50": 1000 * statistics.median(v["tpot"]), "p90": 1000 * percentile(v["tpot"], 0.9)} for p, v in results.items()},
         "ttft_p50_added_ms": ttft_p50_delta_ms,
-        "tpot_p50_ratio": tpot_ratio,
+        "tpot_p50_ratio": tpot_ratio("grpc"),
+        "vs_direct_ids": {"ttft_p50_added_ms": added_ms("grpc", "direct_ids"), "tpot_p50_ratio": tpot_ratio("grpc", "direct_ids")},
+        "in_process_client": {"ttft_p50_added_ms": added_ms("grpc_in_process"), "tpot_p50_ratio": tpot_ratio("grpc_in_process")},
         "targets": {"ttft_p50_added_ms": 2.0, "tpot_p50_ratio": 1.03},
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -143,9 +220,11 @@ def main(argv=None) -> int:
         [
             "| path | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | TPOT p90 ms |",
             "|---|---|---|---|---|",
-            *(f"| {p} | {report['ttft_ms'][p]['p50']:.2f} | {report['ttft_ms'][p]['p90']:.2f} | {report['tpot_ms'][p]['p50']:.2f} | {report['tpot_ms'][p]['p90']:.2f} |" for p in ("direct", "grpc")),
+            *(f"| {p} | {report['ttft_ms'][p]['p50']:.2f} | {report['ttft_ms'][p]['p90']:.2f} | {report['tpot_ms'][p]['p50']:.2f} | {report['tpot_ms'][p]['p90']:.2f} |" for p in paths),
             "",
-            f"gRPC adds {ttft_p50_delta_ms:+.2f} ms to TTFT at p50 (target <= 2 ms); TPOT ratio gRPC/direct at p50 = {tpot_ratio:.3f} (target <= 1.03).",
+            f"gRPC (client process) adds {ttft_p50_delta_ms:+.2f} ms to TTFT at p50 (target <= 2 ms); TPOT ratio gRPC/direct at p50 = {report['tpot_p50_ratio']:.3f} (target <= 1.03).",
+            f"Against pre-tokenized prompts (direct_ids): {report['vs_direct_ids']['ttft_p50_added_ms']:+.2f} ms TTFT, TPOT ratio {report['vs_direct_ids']['tpot_p50_ratio']:.3f}.",
+            f"With the client on a thread of the server's process: {report['in_process_client']['ttft_p50_added_ms']:+.2f} ms TTFT, TPOT ratio {report['in_process_client']['tpot_p50_ratio']:.3f}.",
         ]
     )
     (args.out / "grpc_overhead.md").write_text(md + "\n")

@@ -3,12 +3,16 @@
 While the server is unreachable, completions are answered at once with
 nothing (no RPC is attempted) and a background task probes it with
 exponential backoff; the first successful probe marks it up again and
-refreshes the prompt budget from ``GetServerInfo``.
+refreshes the prompt budget from ``GetServerInfo``. The bytes-per-token ratio
+that turns the budget into bytes is learned from every answer
+(``token_ratio.py``); a prompt refused as too long is reported as such, so
+the caller can rebuild it smaller once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import random
 from collections.abc import Callable
@@ -20,6 +24,8 @@ import grpc.aio
 from quickdraft.client import AsyncCompletionClient, RetryPolicy
 from quickdraft.client.request import make_credentials
 from quickdraft.lsp_bridge.context import Budget
+from quickdraft.lsp_bridge.token_ratio import BytesPerToken, prompt_bytes
+from quickdraft.server.requests import PROMPT_TOKENS_KEY
 from quickdraft.v1 import completion_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -30,6 +36,12 @@ UNKNOWN = "unknown"
 
 # Codes that mean "the server is not there (right now)", as opposed to a bad request.
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class Outcome(enum.Enum):
+    ANSWERED = "answered"  # fully, or until the caller stopped it
+    FAILED = "failed"  # unreachable, cancelled or refused
+    PROMPT_TOO_LONG = "prompt too long"  # refused for its length; the ratio has been corrected
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,7 @@ class Backend:
         self.state = UNKNOWN
         self.info: pb.ServerInfo | None = None
         self.budget = Budget()
+        self.ratio = BytesPerToken(self.budget.chars_per_token)
         self._on_state = on_state
         self._reconnect_task: asyncio.Task | None = None
         self._client = self._make_client(config)
@@ -126,20 +139,25 @@ class Backend:
             tokens=limits.prompt_budget_tokens or Budget().tokens,
             chars_per_token=limits.chars_per_token or Budget().chars_per_token,
         )
+        self.ratio.announced = self.budget.chars_per_token
+
+    def budget_for(self, document: str, language: str) -> Budget:
+        """The server's token budget in this document's learned bytes per token."""
+        return Budget(self.budget.tokens, self.ratio.value(document, language))
 
     @property
     def available(self) -> bool:
         return self.state != DOWN
 
-    async def complete(self, request: pb.CompleteRequest, on_text: Callable[[str], bool]) -> bool:
+    async def complete(self, request: pb.CompleteRequest, on_text: Callable[[str], bool], *, document: str = "", language: str = "") -> Outcome:
         """Stream one completion into ``on_text``, which returns True to stop early.
 
-        Returns whether the server answered (fully, or until stopped early);
-        False when it is unreachable or failed. Cancelling the calling task
-        cancels the RPC, which aborts the request in the engine.
+        ``document`` and ``language`` key what is learned about the prompt's
+        bytes per token. Cancelling the calling task cancels the RPC, which
+        aborts the request in the engine.
         """
         if not self.available:
-            return False
+            return Outcome.FAILED
         stream = self._client.complete(request, timeout=self.config.request_timeout_s)
         try:
             async for text in stream:
@@ -149,12 +167,21 @@ class Backend:
         except grpc.aio.AioRpcError as err:
             if err.code() in _UNREACHABLE:
                 self._mark_down(err)
+            elif err.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                tokens = dict(err.trailing_metadata() or ()).get(PROMPT_TOKENS_KEY)
+                if tokens is not None and tokens.isdigit():
+                    self.ratio.refused(document, language, prompt_bytes(request), int(tokens))
+                    log.info("prompt of %s tokens refused as too long; shrinking to %.2f bytes per token", tokens, self.ratio.value(document, language))
+                    return Outcome.PROMPT_TOO_LONG
+                log.warning("Complete refused: %s", err.details())
             elif err.code() != grpc.StatusCode.CANCELLED:
                 log.warning("Complete failed: %s %s", err.code().name, err.details())
-            return False
+            return Outcome.FAILED
         except asyncio.CancelledError:
             stream.cancel()
             raise
+        if stream.final is not None:
+            self.ratio.observe(document, language, prompt_bytes(request), stream.final.prompt_tokens)
         if self.state != UP:
             self._set_state(UP)
-        return True
+        return Outcome.ANSWERED

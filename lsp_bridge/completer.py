@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 
 from quickdraft.client import build_request
-from quickdraft.lsp_bridge.backend import Backend
+from quickdraft.lsp_bridge.backend import Backend, Outcome
 from quickdraft.lsp_bridge.cache import CompletionCache
 from quickdraft.lsp_bridge.context import Budget, ContextEngine
 from quickdraft.lsp_bridge.postprocess import Completion, Draft, Shape, decide_shape, gate
@@ -111,10 +111,15 @@ class Completer:
         return Result(opened, offset, completion) if completion is not None else None
 
     async def _ask_model(self, opened: OpenDocument, offset: int) -> tuple[bool, Completion | None]:
-        request, shape = make_request(self.workspace, self.context, opened, offset, self.backend.budget, self.settings)
-        draft = Draft(shape)
-        answered = await self.backend.complete(request, draft.feed)
-        return answered, draft.result()
+        language = opened.doc.language_id or (opened.spec.name if opened.spec else "")
+        for _attempt in range(2):  # a prompt refused as too long is rebuilt once, with the corrected ratio
+            budget = self.backend.budget_for(opened.uri, language)
+            request, shape = make_request(self.workspace, self.context, opened, offset, budget, self.settings)
+            draft = Draft(shape)
+            outcome = await self.backend.complete(request, draft.feed, document=opened.uri, language=language)
+            if outcome is not Outcome.PROMPT_TOO_LONG:
+                break
+        return outcome is Outcome.ANSWERED, draft.result()
 
 
 def make_request(

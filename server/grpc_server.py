@@ -87,6 +87,8 @@ class CompletionServicer:
             async for msg in self.service.complete(request, client_identity(context, self.token_auth), trace_ctx):
                 yield msg
         except RequestError as e:
+            if e.metadata:
+                context.set_trailing_metadata(tuple(e.metadata.items()))
             await context.abort(grpc.StatusCode[e.code], e.message)
 
     async def GetServerInfo(self, request, context):

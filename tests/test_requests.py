@@ -45,6 +45,16 @@ def test_raw_prompt_is_sent_as_is(tok):
     assert tokenize(tok, req, "qwen-fim")[0] == tok.get_vocab()["<|fim_prefix|>"]
 
 
+def test_a_tokenizer_without_the_formats_special_tokens_is_a_clear_error():
+    # A model family's tokenizer without FIM tokens (e.g. a preset mismatch):
+    # its unknown-token id must never stand in for <|fim_prefix|>.
+    plain = AutoTokenizer.from_pretrained(str(embedded_dir() / "target"))
+    plain.convert_tokens_to_ids = lambda t: plain.unk_token_id  # what HF answers for a missing token
+    with pytest.raises(RequestError) as e:
+        tokenize(plain, pb.CompleteRequest(prefix="x = ", suffix="\n"), "qwen-fim")
+    assert "<|fim_prefix|>" in e.value.message and "preset" in e.value.message
+
+
 def test_plain_format_sends_the_prefix_only(tok):
     req = pb.CompleteRequest(prefix="x = ", suffix="\nprint(x)\n")
     assert tokenize(tok, req, "plain") == tok.encode("x = ", add_special_tokens=False)

@@ -145,6 +145,15 @@ def test_bad_input_is_named_and_server_keeps_serving(client, fields, code, fragm
     assert client.complete_text(prefix="x = 1\n", max_tokens=2).final.completion_tokens >= 1
 
 
+def test_too_long_prompt_says_its_token_count_in_trailing_metadata(server, client):
+    with pytest.raises(grpc.RpcError) as err:
+        client.complete_text(prefix="x = 1\n" * 2000)
+    trailers = dict(err.value.trailing_metadata() or ())
+    assert int(trailers["quickdraft-prompt-limit"]) == server.cfg.max_prompt_tokens()
+    assert int(trailers["quickdraft-prompt-tokens"]) > int(trailers["quickdraft-prompt-limit"])
+    assert trailers["quickdraft-prompt-tokens"] in err.value.details()
+
+
 def test_unknown_latency_class_is_invalid(client):
     req = pb.CompleteRequest(prefix="x = 1\n", latency_class=77)
     with pytest.raises(grpc.RpcError) as err:

@@ -41,6 +41,10 @@ class FakeCompletion(CompletionServicer):
         self.block = 0  # the next this-many Complete calls wait until the client cancels
         self.hang_after_deltas = False  # send the deltas, then wait until the client cancels
         self.requests: list[pb.CompleteRequest] = []
+        # A stand-in tokenizer: prompt tokens = prompt bytes / this; over the limit is refused as the real server does.
+        self.bytes_per_token = 4.0
+        self.max_prompt_tokens = 1 << 30
+        self.refused = 0
         self.cancelled = 0
         self.finished = 0
         self.info = pb.ServerInfo(
@@ -63,6 +67,12 @@ class FakeCompletion(CompletionServicer):
     async def Complete(self, request, context):
         self.requests.append(request)
         await self._bump()
+        size = len(request.prefix.encode()) + len(request.suffix.encode()) + sum(len(f.path) + len(f.content.encode()) + 16 for f in request.context_files)
+        tokens = max(1, round(size / self.bytes_per_token))
+        if tokens > self.max_prompt_tokens:
+            self.refused += 1
+            context.set_trailing_metadata((("quickdraft-prompt-tokens", str(tokens)), ("quickdraft-prompt-limit", str(self.max_prompt_tokens))))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"prompt is {tokens} tokens; the limit is {self.max_prompt_tokens}")
         if self.block > 0:
             self.block -= 1
             await self._wait_for_cancel()
@@ -71,7 +81,7 @@ class FakeCompletion(CompletionServicer):
         if self.hang_after_deltas:
             await self._wait_for_cancel()
         self.finished += 1
-        yield pb.CompleteResponse(final=pb.CompleteFinal(finish_reason=pb.FINISH_REASON_STOP))
+        yield pb.CompleteResponse(final=pb.CompleteFinal(finish_reason=pb.FINISH_REASON_STOP, prompt_tokens=tokens))
         await self._bump()
 
     async def _wait_for_cancel(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from quickdraft.client import build_request
-from quickdraft.lsp_bridge.backend import DOWN, UP, Backend, BackendConfig
+from quickdraft.lsp_bridge.backend import DOWN, UP, Backend, BackendConfig, Outcome
 from quickdraft.lsp_bridge.completer import Completer
 from quickdraft.lsp_bridge.context import Budget, ContextEngine
 from quickdraft.lsp_bridge.settings import Settings
@@ -51,7 +51,7 @@ async def test_stopping_early_cancels_the_stream(fake_server):
     backend = _backend(fake_server.address, States())
     received: list[str] = []
     answered = await backend.complete(build_request(prefix="x"), lambda t: received.append(t) or "\n" in t)
-    assert answered and received == ["first", " line\n"]
+    assert answered is Outcome.ANSWERED and received == ["first", " line\n"]
     await fake.wait_for(lambda: fake.cancelled == 1)
     assert fake.finished == 0
     await backend.close()
@@ -73,12 +73,28 @@ async def test_unreachable_then_back(fake_server):
     await fake_server.stop()
     states = States()
     backend = _backend(fake_server.address, states)
-    assert not await backend.complete(build_request(prefix="x"), lambda t: False)
+    assert await backend.complete(build_request(prefix="x"), lambda t: False) is Outcome.FAILED
     assert backend.state == DOWN and not backend.available
     await fake_server.start()
     await states.wait_for(UP)
-    assert await backend.complete(build_request(prefix="x"), lambda t: False)
+    assert await backend.complete(build_request(prefix="x"), lambda t: False) is Outcome.ANSWERED
     assert states.seen[:2] == [DOWN, UP]
+    await backend.close()
+
+
+async def test_bytes_per_token_is_learned_from_answers_and_refusals(fake_server):
+    fake = fake_server.fake
+    fake.bytes_per_token, fake.max_prompt_tokens = 2.0, 100
+    backend = _backend(fake_server.address, States())
+    await backend.complete(build_request(prefix="x" * 120), lambda t: False, document="a", language="python")
+    # 120 bytes were 60 tokens: the next prompt of this document is sized at about 2 bytes per token
+    assert 1.7 < backend.budget_for("a", "python").chars_per_token <= 2.0
+    # a document not seen yet borrows its language's ratio; another language keeps the announced one
+    assert backend.budget_for("b", "python") == backend.budget_for("a", "python")
+    assert backend.budget_for("c", "go").chars_per_token > 3.0
+    outcome = await backend.complete(build_request(prefix="y" * 400), lambda t: False, document="d", language="go")
+    assert outcome is Outcome.PROMPT_TOO_LONG
+    assert backend.budget_for("d", "go").chars_per_token <= 2.0
     await backend.close()
 
 
@@ -143,3 +159,19 @@ async def test_debounced_request_for_a_changed_document_is_dropped(fake_server):
     release.set()
     assert await pending is None
     assert fake_server.fake.requests == []
+
+
+async def test_a_prompt_refused_as_too_long_is_rebuilt_smaller_once(fake_server):
+    fake = fake_server.fake
+    # Dense code: 1.5 bytes per token, where the server announced 4.0.
+    fake.bytes_per_token, fake.max_prompt_tokens = 1.5, 600
+    ws, completer = _completer(fake_server.address)
+    completer.backend.budget = Budget(tokens=500, chars_per_token=4.0)
+    completer.backend.ratio.announced = 4.0
+    body = "".join(f"    t{i} = [{i}, {i * 7}, {i * 13}]\n" for i in range(400))
+    ws.open("file:///r/a.py", "def f():\n" + body + "    ", language_id="python")
+    result = await completer.complete("file:///r/a.py", 401, 4)
+    assert result is not None and result.completion.text == "return a + b"
+    assert len(fake.requests) == 2 and fake.refused == 1
+    first, second = (len(r.prefix) + len(r.suffix) for r in fake.requests)
+    assert second < first and second / 1.5 <= 600

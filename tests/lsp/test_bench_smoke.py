@@ -43,6 +43,27 @@ async def test_fim_quality_against_the_fake_server(tmp_path, fake_server):
     assert report["budget_tokens"] == 1024  # from the server's limits
 
 
+async def test_fim_quality_rebuilds_prompts_refused_as_too_long(tmp_path, fake_server):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "table.py").write_text("ROWS = [\n" + "".join(f"    ({i}, {i * 3}, {i * 7}),\n" for i in range(12)) + "]\n")
+    fake = fake_server.fake
+    # The server's tokenizer sees 1 byte per token where it announced 4: every first prompt is too long.
+    fake.bytes_per_token, fake.max_prompt_tokens = 1.0, 60
+    fake.info.limits.prompt_budget_tokens = 60
+    out = tmp_path / "fim.json"
+    await fim_quality.run(
+        argparse.Namespace(
+            server=fake_server.address, source_dir=str(src), tasks=4, seed=3, languages=None, max_tokens=16,
+            budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, dry_run=False, json=str(out),
+        )
+    )
+    rows = {r["condition"]: r for r in json.loads(out.read_text())["rows"]}
+    assert all(r["errors"] == 0 for r in rows.values()), rows
+    assert all(r["rebuilt_smaller"] >= 1 for r in rows.values()), rows
+    assert fake.refused == sum(r["rebuilt_smaller"] for r in rows.values())
+
+
 def test_edit_similarity():
     assert fim_quality.edit_similarity("abc", "abc") == 1.0
     assert fim_quality.edit_similarity("abc", "abd") == 1 - 1 / 3
