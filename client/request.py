@@ -10,6 +10,12 @@ import grpc
 
 from quickdraft.v1.completion_pb2 import CompleteRequest, ContextFile, LatencyClass
 
+# Trailing metadata of a Complete refused (INVALID_ARGUMENT) for its prompt's
+# length: the prompt's true token count and the limit, so a client without the
+# model's tokenizer (the LSP bridge) can size its next prompt.
+PROMPT_TOKENS_KEY = "quickdraft-prompt-tokens"
+PROMPT_LIMIT_KEY = "quickdraft-prompt-limit"
+
 _LATENCY_CLASSES = {
     "inline": LatencyClass.LATENCY_CLASS_INLINE,
     "chat": LatencyClass.LATENCY_CLASS_CHAT,

@@ -12,6 +12,7 @@ import math
 import uuid
 from dataclasses import dataclass
 
+from quickdraft.client.request import PROMPT_LIMIT_KEY, PROMPT_TOKENS_KEY
 from quickdraft.prompt_format import CodeContext, segments
 from quickdraft.server.config import QuickdraftConfig
 from quickdraft.v1 import completion_pb2 as pb
@@ -24,12 +25,6 @@ LATENCY_CLASSES = {
 }
 MAX_TEMPERATURE = 2.0
 MAX_REQUEST_ID = 128
-
-
-# Trailing metadata of a prompt refused for its length: clients (the LSP
-# bridge) learn the true token count and shrink their character budget.
-PROMPT_TOKENS_KEY = "quickdraft-prompt-tokens"
-PROMPT_LIMIT_KEY = "quickdraft-prompt-limit"
 
 
 class RequestError(Exception):

@@ -58,7 +58,9 @@ class CompletionServicer:
         """Streams one completion. The first messages carry text deltas; the last one
         carries `final` (finish reason, token counts, server-side timings and the
         request's speculative decoding figures). Cancelling the call or letting
-        its deadline pass aborts the request inside the engine.
+        its deadline pass aborts the request inside the engine. A prompt over
+        limits.max_prompt_tokens is INVALID_ARGUMENT with trailing metadata
+        "quickdraft-prompt-tokens" (its token count) and "quickdraft-prompt-limit".
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
