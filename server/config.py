@@ -203,6 +203,13 @@ class ControllerConfig:
     """Where tuned profiles live. None: ~/.cache/quickdraft/profiles."""
     allow_rebuild: bool = True
     """Apply decisions that need a new engine (K or mode change) by rebuilding it."""
+    standby_engines: int = 0
+    """Engines kept warm for other configs: the one switched away from, and at
+    start the controller's pick for a full batch when it needs another engine.
+    A switch to a warm engine is instant instead of a rebuild (40-48 s on a
+    2-core CPU). Each costs the model's memory and engine.cpu_kv_cache_gib
+    (CPU) or its GPU memory share; an idle vLLM engine waits without using a
+    core. 0: every switch rebuilds."""
 
 
 @dataclass

@@ -100,6 +100,7 @@ class ControllerLoop:
         self.store = profile_store(cfg)
         self.loaded_profile = load_into(self.ctl, self.store, self.key)
         self._task: asyncio.Task | None = None
+        self._prewarm_task: asyncio.Task | None = None
         self.applied_switches = 0
         self.failed_switches = 0
         service.observers.callbacks.append(self.on_request)
@@ -114,10 +115,31 @@ class ControllerLoop:
         if engine is not None:
             self.ctl.activate(*config_of(engine.mode), now=self.clock())
         self._task = asyncio.create_task(self._run(), name="controller")
+        if self.engines.standby_capacity > 0:
+            self._prewarm_task = asyncio.create_task(self.prewarm(), name="controller-prewarm")
+
+    def full_batch_mode(self) -> SpecMode:
+        """The engine the model picks for a full batch (engine.max_num_seqs)."""
+        config, schedule, _ = self.ctl.recommend(float(self.cfg.engine.max_num_seqs))
+        return mode_of(config, schedule)
+
+    async def prewarm(self) -> bool:
+        """With standby engines: build the full-batch pick's engine now when it
+        differs from the serving one, so the first move to high load is a
+        switch, not a rebuild."""
+        engine = self.engines.engine
+        if engine is None or not self.ctl.estimator.ready:
+            return False  # no profile: nothing to predict from yet
+        mode = self.full_batch_mode()
+        if mode == engine.mode:
+            return False
+        log.info("building a standby engine for a full batch: %s", mode.label())
+        return await self.engines.prewarm(mode)
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._prewarm_task):
+            if task is not None:
+                task.cancel()
         self.save()
 
     def save(self) -> None:
@@ -177,11 +199,14 @@ class ControllerLoop:
         if not self.cfg.controller.allow_rebuild and decision.action != "fallback":
             self.ctl.apply_failed(decision, "engine rebuilds are disabled (controller.allow_rebuild = false)", now=self.clock())
             return
+        instant_before = self.engines.stats.instant_switches
         ok = await self.engines.switch(mode, f"controller {decision.action}: {decision.reason}")
         if ok:
             self.applied_switches += 1
-            self.telemetry.engine_rebuilds.add(1, {"reason": decision.reason_code})
-            self.ctl.applied(decision, now=self.clock())
+            rebuilt = self.engines.stats.instant_switches == instant_before
+            if rebuilt:
+                self.telemetry.engine_rebuilds.add(1, {"reason": decision.reason_code})
+            self.ctl.applied(decision, now=self.clock(), rebuilt=rebuilt)
             self.save()
         else:
             self.failed_switches += 1

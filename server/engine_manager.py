@@ -7,6 +7,11 @@ one once it is ready; the old one finishes its in-flight streams and is shut
 down. Both fit in memory for the models this targets; ``drain_first=True``
 drains before building, for machines where they would not.
 
+Warm standby (``controller.standby_engines`` > 0): the engine switched away
+from is kept, idle, instead of being shut down, and ``prewarm`` builds one
+for a config not serving yet. A switch to a standby engine is instant. The
+oldest standby goes first when there are more than allowed.
+
 Crash loops: an engine that dies twice in a row soon after its start is not
 restarted with the same config a third time (vLLM 0.32's CPU build crashes
 on some speculative configs only once the batch grows, see docs/vllm-notes.md);
@@ -39,6 +44,8 @@ class ManagerStats:
     restarts: int = 0
     last_recovery_s: float | None = None
     last_switch_s: float | None = None
+    instant_switches: int = 0
+    """Switches served by a warm standby engine (no rebuild)."""
     failed_switches: int = 0
     fallbacks: int = 0
     """Restarts that changed config because the old one kept crashing."""
@@ -74,6 +81,12 @@ class EngineManager:
         self._watch_task: asyncio.Task | None = None
         self._quick_deaths = 0
         self.on_engine_change: list[Callable[[Engine], None]] = []
+        self.standby: dict[SpecMode, Engine] = {}  # oldest first
+        self._prewarming: set[SpecMode] = set()
+
+    @property
+    def standby_capacity(self) -> int:
+        return self.cfg.controller.standby_engines
 
     def _set(self, state: str) -> None:
         if state != self.state:
@@ -141,13 +154,19 @@ class EngineManager:
             t0 = time.monotonic()
             log.info("switching engine to %s (%s)", mode.label(), reason or "requested")
             self._set(SWITCHING)
-            if drain_first and old is not None:
+            warm = self.standby.pop(mode, None)
+            if warm is not None and warm.dead:
+                asyncio.create_task(self._retire(warm, 0.0), name="engine-retire")
+                warm = None
+            if warm is not None:
+                drain_first = False  # both are in memory already
+            elif drain_first and old is not None:
                 self._set(DRAINING)
                 await self._wait_idle(old, drain_timeout)
                 old.shutdown()
                 self.engine = None
             try:
-                new = await self._factory(self.cfg, mode)
+                new = warm if warm is not None else await self._factory(self.cfg, mode)
             except Exception as e:  # noqa: BLE001
                 self.stats.failed_switches += 1
                 log.error("engine for %s failed to start: %s; keeping %s", mode.label(), e, old.mode.label() if old else "none")
@@ -158,13 +177,50 @@ class EngineManager:
                 return False
             self.engine = new
             self._notify()
-            self.stats.rebuilds += 1
+            if warm is not None:
+                self.stats.instant_switches += 1
+            else:
+                self.stats.rebuilds += 1
             self.stats.last_switch_s = time.monotonic() - t0
-            self.stats.history.append({"time": time.time(), "from": old.mode.label() if old else None, "to": mode.label(), "reason": reason, "seconds": round(self.stats.last_switch_s, 2)})
+            self.stats.history.append({"time": time.time(), "from": old.mode.label() if old else None, "to": mode.label(), "reason": reason,
+                                       "seconds": round(self.stats.last_switch_s, 2), "standby": warm is not None})
             self._set(SERVING)
         if old is not None and not drain_first:
-            # The old engine finishes what it started, then goes.
-            asyncio.create_task(self._retire(old, drain_timeout), name="engine-retire")
+            if self.standby_capacity > 0 and not old.dead:
+                # Kept warm: it finishes its in-flight streams and waits for a switch back.
+                self._keep(old, drain_timeout)
+            else:
+                # The old engine finishes what it started, then goes.
+                asyncio.create_task(self._retire(old, drain_timeout), name="engine-retire")
+        return True
+
+    def _keep(self, engine: Engine, drain_timeout: float) -> None:
+        self.standby.pop(engine.mode, None)
+        self.standby[engine.mode] = engine
+        while len(self.standby) > self.standby_capacity:
+            oldest = next(iter(self.standby))
+            asyncio.create_task(self._retire(self.standby.pop(oldest), drain_timeout), name="engine-retire")
+
+    async def prewarm(self, mode: SpecMode) -> bool:
+        """Build an engine for ``mode`` and keep it on standby (it takes no
+        requests until a switch to ``mode``). False when standby is off, the
+        mode already has an engine, or the build failed (logged)."""
+        if (self.standby_capacity == 0 or mode in self.standby or mode in self._prewarming
+                or (self.engine is not None and self.engine.mode == mode)):
+            return False
+        self._prewarming.add(mode)
+        try:
+            engine = await self._factory(self.cfg, mode)
+        except Exception as e:  # noqa: BLE001 - a standby is an optimisation, never an outage
+            log.warning("standby engine for %s failed to start: %s", mode.label(), e)
+            return False
+        finally:
+            self._prewarming.discard(mode)
+        if self.state in (STOPPED, DRAINING) or (self.engine is not None and self.engine.mode == mode):
+            await asyncio.to_thread(engine.shutdown)
+            return False
+        self._keep(engine, 0.0)
+        log.info("standby engine for %s ready", mode.label())
         return True
 
     async def _retire(self, engine: Engine, timeout: float) -> None:
@@ -178,6 +234,11 @@ class EngineManager:
         """Restart the engine when it dies (vLLM marks it errored)."""
         while True:
             await asyncio.sleep(0.5)
+            for mode, standby in list(self.standby.items()):
+                if standby.dead:
+                    log.warning("standby engine for %s died; dropped", mode.label())
+                    del self.standby[mode]
+                    asyncio.create_task(self._retire(standby, 0.0), name="engine-retire")
             engine = self.engine
             if engine is None or self.state not in (SERVING,) or not engine.dead:
                 continue
@@ -227,6 +288,8 @@ class EngineManager:
     async def stop(self) -> None:
         if self._watch_task:
             self._watch_task.cancel()
-        if self.engine is not None:
-            await asyncio.to_thread(self.engine.shutdown)
+        standby, self.standby = list(self.standby.values()), {}
+        for engine in [self.engine, *standby]:
+            if engine is not None:
+                await asyncio.to_thread(engine.shutdown)
         self._set(STOPPED)

@@ -180,6 +180,8 @@ def validate(cfg: QuickdraftConfig, check_files: bool = True, check_vllm: bool =
             raise ConfigError(f"{name} = {host!r} is not a loopback address; set server.allow_remote = true to serve other machines (and consider TLS and auth)")
     if srv.grace_period_s < 0:
         raise ConfigError("server.grace_period_s must be >= 0")
+    if not 0 <= cfg.controller.standby_engines <= 4:
+        raise ConfigError(f"controller.standby_engines = {cfg.controller.standby_engines}; use 0 to 4 (each holds a whole engine's memory)")
 
     for name in ("max_concurrent_streams", "max_streams_per_client", "default_max_tokens", "max_output_tokens", "max_request_bytes"):
         if getattr(lim, name) < 1:

@@ -125,3 +125,75 @@ def test_parallel_candidates_respect_the_drafter_limit(tmp_path):
     cfg, manager, service, loop, _ = make(tmp_path)
     ks = {c.k for c in loop.ctl.settings.candidates if c.parallel}
     assert ks and max(ks) <= cfg.preset.max_parallel_k
+
+
+# -- warm standby engines (controller.standby_engines) ---------------------------
+
+
+def test_standby_engine_makes_the_switch_back_instant(tmp_path):
+    async def run():
+        cfg, manager, service, loop, made = make(tmp_path, **{"controller.standby_engines": "1"})
+        a, b, c = SpecMode(True, False, 3), SpecMode.off(), SpecMode(True, True, 5)
+        await manager.start(a)
+        assert await manager.switch(b, "to off")  # built: a stays warm
+        assert len(made) == 2 and not made[0].dead and manager.standby == {a: made[0]}
+        assert await manager.switch(a, "back")  # instant: nothing built
+        assert len(made) == 2 and manager.engine is made[0] and manager.standby == {b: made[1]}
+        assert manager.stats.instant_switches == 1 and manager.stats.rebuilds == 1
+        assert await manager.switch(c, "third config")  # built; one standby allowed: b goes, a stays warm
+        await asyncio.sleep(0.05)  # let the retire task run
+        assert len(made) == 3 and manager.standby == {a: made[0]} and made[1].dead
+        await manager.stop()
+        assert all(e.dead for e in made)
+
+    asyncio.run(run())
+
+
+def test_without_standby_the_old_engine_is_retired(tmp_path):
+    async def run():
+        cfg, manager, service, loop, made = make(tmp_path)
+        await manager.start(SpecMode.off())
+        await manager.switch(SpecMode(True, False, 3))
+        await asyncio.sleep(0.05)
+        assert made[0].dead and manager.standby == {}
+        await manager.stop()
+
+    asyncio.run(run())
+
+
+def test_prewarm_builds_the_full_batch_pick_and_the_switch_to_it_is_instant(tmp_path, monkeypatch):
+    from quickdraft.server.controller.estimator import Estimator
+
+    async def run():
+        cfg, manager, service, loop, made = make(tmp_path, **{"controller.standby_engines": "1"})
+        await manager.start(SpecMode(True, False, 3))
+        monkeypatch.setattr(Estimator, "ready", property(lambda self: True))
+        loop.ctl.recommend = lambda load: (SpecConfig.off() if load >= 8 else SpecConfig(False, 3), None, None)
+        assert loop.full_batch_mode() == SpecMode.off()
+        assert await loop.prewarm()
+        assert len(made) == 2 and manager.standby == {SpecMode.off(): made[1]}
+        assert not await loop.prewarm()  # already warm
+        # a controller decision to go to off is then applied without a rebuild
+        loop.start()
+        loop._task.cancel()
+        current, target = SpecConfig(False, 3), SpecConfig.off()
+        decision = Decision("switch", current, target, None, 0.2, "off predicted 20% faster at 8", "better", loop.clock())
+        loop.ctl.decide = lambda now=None: decision
+        seen = []
+        real = loop.ctl.applied
+        loop.ctl.applied = lambda d, **kw: (seen.append(kw), real(d, **kw))
+        await loop.tick()
+        assert manager.engine is made[1] and len(made) == 2
+        assert seen == [{"now": seen[0]["now"], "rebuilt": False}]
+        loop.stop()
+        await manager.stop()
+
+    asyncio.run(run())
+
+
+def test_standby_engines_are_validated():
+    from quickdraft.server.validation import ConfigError
+
+    cfg = load_config(env={}, overrides={"controller.standby_engines": "9"})
+    with pytest.raises(ConfigError, match="standby_engines"):
+        cfg.validate(check_files=False, check_vllm=False)
