@@ -83,6 +83,7 @@ class EngineManager:
         self.on_engine_change: list[Callable[[Engine], None]] = []
         self.standby: dict[SpecMode, Engine] = {}  # oldest first
         self._prewarming: set[SpecMode] = set()
+        self._prewarmed: SpecMode | None = None  # evicted last: it was built for a load not seen yet
 
     @property
     def standby_capacity(self) -> int:
@@ -155,6 +156,8 @@ class EngineManager:
             log.info("switching engine to %s (%s)", mode.label(), reason or "requested")
             self._set(SWITCHING)
             warm = self.standby.pop(mode, None)
+            if mode == self._prewarmed:
+                self._prewarmed = None
             if warm is not None and warm.dead:
                 asyncio.create_task(self._retire(warm, 0.0), name="engine-retire")
                 warm = None
@@ -198,8 +201,11 @@ class EngineManager:
         self.standby.pop(engine.mode, None)
         self.standby[engine.mode] = engine
         while len(self.standby) > self.standby_capacity:
-            oldest = next(iter(self.standby))
-            asyncio.create_task(self._retire(self.standby.pop(oldest), drain_timeout), name="engine-retire")
+            # The oldest goes first; the prewarmed engine only when nothing else is left.
+            victim = next((m for m in self.standby if m != self._prewarmed), next(iter(self.standby)))
+            if victim == self._prewarmed:
+                self._prewarmed = None
+            asyncio.create_task(self._retire(self.standby.pop(victim), drain_timeout), name="engine-retire")
 
     async def prewarm(self, mode: SpecMode) -> bool:
         """Build an engine for ``mode`` and keep it on standby (it takes no
@@ -219,6 +225,7 @@ class EngineManager:
         if self.state in (STOPPED, DRAINING) or (self.engine is not None and self.engine.mode == mode):
             await asyncio.to_thread(engine.shutdown)
             return False
+        self._prewarmed = mode
         self._keep(engine, 0.0)
         log.info("standby engine for %s ready", mode.label())
         return True

@@ -173,6 +173,13 @@ def test_prewarm_builds_the_full_batch_pick_and_the_switch_to_it_is_instant(tmp_
         assert await loop.prewarm()
         assert len(made) == 2 and manager.standby == {SpecMode.off(): made[1]}
         assert not await loop.prewarm()  # already warm
+        # an exploration elsewhere keeps the prewarmed engine: the switched-away one is not kept instead
+        assert await manager.switch(SpecMode(True, True, 7), "probe")
+        await asyncio.sleep(0.05)
+        assert manager.standby == {SpecMode.off(): made[1]} and made[0].dead
+        assert await manager.switch(SpecMode(True, False, 3), "back")
+        await asyncio.sleep(0.05)
+        assert manager.standby == {SpecMode.off(): made[1]} and len(made) == 4
         # a controller decision to go to off is then applied without a rebuild
         loop.start()
         loop._task.cancel()
@@ -183,7 +190,7 @@ def test_prewarm_builds_the_full_batch_pick_and_the_switch_to_it_is_instant(tmp_
         real = loop.ctl.applied
         loop.ctl.applied = lambda d, **kw: (seen.append(kw), real(d, **kw))
         await loop.tick()
-        assert manager.engine is made[1] and len(made) == 2
+        assert manager.engine is made[1] and len(made) == 4
         assert seen == [{"now": seen[0]["now"], "rebuilt": False}]
         loop.stop()
         await manager.stop()
