@@ -102,6 +102,7 @@ class ControllerLoop:
         self._task: asyncio.Task | None = None
         self._prewarm_task: asyncio.Task | None = None
         self.applied_switches = 0
+        self.skipped_during_builds = 0
         self.failed_switches = 0
         service.observers.callbacks.append(self.on_request)
 
@@ -153,6 +154,11 @@ class ControllerLoop:
     def on_request(self, record: RequestRecord, spec: pb.SpeculativeStats) -> None:
         # Cancelled and failed requests say nothing reliable about step time.
         if record.finish not in ("stop", "length") or record.ttft_s is None or record.tpot_s is None:
+            return
+        if self.engines.building:
+            # Served while another engine was being built beside this one: its
+            # TTFT and TPOT measure the build's competition, not the config.
+            self.skipped_during_builds += 1
             return
         engine = self.engines.engine
         running = engine.snapshot.running if engine is not None else 1

@@ -86,6 +86,12 @@ class EngineManager:
         self._prewarmed: SpecMode | None = None  # evicted last: it was built for a load not seen yet
 
     @property
+    def building(self) -> bool:
+        """An engine is being built beside the serving one (a switch or a
+        prewarm); on a small machine it takes the serving engine's CPU."""
+        return self.state == SWITCHING or bool(self._prewarming)
+
+    @property
     def standby_capacity(self) -> int:
         return self.cfg.controller.standby_engines
 

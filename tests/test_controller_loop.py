@@ -63,6 +63,24 @@ def test_finished_requests_become_observations(tmp_path):
     assert loop.ctl.state()["acceptance"]["parallel"]["trials"][0] > 0
 
 
+def test_requests_served_while_an_engine_is_built_are_not_observations(tmp_path):
+    async def run():
+        cfg, manager, service, loop, _ = make(tmp_path)
+        await manager.start(loop.start_mode())
+        manager._prewarming.add(SpecMode.off())  # as during prewarm(); a switch sets SWITCHING likewise
+        assert manager.building
+        async for _ in service.complete(pb.CompleteRequest(prefix="x")):
+            pass
+        assert loop.ctl.observations == 0 and loop.skipped_during_builds == 1
+        manager._prewarming.clear()
+        async for _ in service.complete(pb.CompleteRequest(prefix="x")):
+            pass
+        assert loop.ctl.observations == 1
+        await manager.stop()
+
+    asyncio.run(run())
+
+
 def test_a_switch_decision_rebuilds_the_engine_and_saves_the_profile(tmp_path):
     async def run():
         cfg, manager, service, loop, made = make(tmp_path)
