@@ -9,8 +9,10 @@ drains before building, for machines where they would not.
 
 Warm standby (``controller.standby_engines`` > 0): the engine switched away
 from is kept, idle, instead of being shut down, and ``prewarm`` builds one
-for a config not serving yet. A switch to a standby engine is instant. The
-oldest standby goes first when there are more than allowed.
+for a config not serving yet. A switch to a standby engine is instant. When
+more are kept than allowed the oldest goes first, the prewarmed one last. A
+prewarm cancelled at shutdown leaves its engine to vLLM's own cleanup at
+process exit (the build runs in a thread that cannot be interrupted).
 
 Crash loops: an engine that dies twice in a row soon after its start is not
 restarted with the same config a third time (vLLM 0.32's CPU build crashes
