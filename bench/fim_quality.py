@@ -206,18 +206,19 @@ async def run(args: argparse.Namespace) -> dict:
                 context_files[name].append(len(request.context_files))
                 continue
             parts: list[str] = []
-            for attempt in range(2):
-                request = _single_line(build(task, backend.budget_for(task.path, task.language)), args.max_tokens)
+
+            def sized_request(b: Budget, build=build, parts=parts):
                 parts.clear()
-                outcome = await backend.complete(request, lambda t: parts.append(t) and False, document=task.path, language=task.language)
-                if outcome is not Outcome.PROMPT_TOO_LONG:
-                    break
-                retries[name] += 1
+                return _single_line(build(task, b), args.max_tokens), lambda t: parts.append(t) and False
+
+            sized = await backend.complete_within_budget(sized_request, document=task.path, language=task.language)
+            request = sized.request
+            retries[name] += sized.rebuilt
             prompt_chars[name].append(_prompt_chars(request))
             context_files[name].append(len(request.context_files))
-            if outcome is not Outcome.ANSWERED:  # a failed request counts as a miss, and is reported
+            if sized.outcome is not Outcome.ANSWERED:  # a failed request counts as a miss, and is reported
                 errors[name] += 1
-                record[f"{name} error"] = outcome.value
+                record[f"{name} error"] = sized.outcome.value
             first = "".join(parts).split("\n", 1)[0].strip()
             conditions[name].append((first == task.expected, edit_similarity(first, task.expected)))
             record[name] = first

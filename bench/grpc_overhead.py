@@ -165,7 +165,7 @@ def main(argv=None) -> int:
 
     reqs = requests_for(load_prompts(n_prompts), args.max_tokens)
     token_ids = [tokenize(engine.tokenizer, r, cfg.preset.prompt_format) for r in reqs]
-    texts = [render(CodeContext(prefix=r.prefix, suffix=r.suffix if r.HasField("suffix") else None)) for r in reqs]
+    texts = [render(CodeContext(prefix=r.prefix, suffix=r.suffix if r.HasField("suffix") else None), cfg.preset.prompt_format) for r in reqs]
     sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, top_p=1.0, stop=[], seed=None).to_vllm(engine.stop_token_ids)
 
     paths = ("direct", "direct_ids", "grpc", "grpc_in_process")

@@ -44,6 +44,15 @@ class Outcome(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Sized:
+    """What ``complete_within_budget`` did: its outcome, the request that ran last, and whether it was rebuilt."""
+
+    outcome: Outcome
+    request: pb.CompleteRequest
+    rebuilt: bool
+
+
+@dataclass(frozen=True)
 class BackendConfig:
     address: str = "127.0.0.1:50051"
     token: str | None = None
@@ -147,6 +156,19 @@ class Backend:
     @property
     def available(self) -> bool:
         return self.state != DOWN
+
+    async def complete_within_budget(
+        self, build: Callable[[Budget], tuple[pb.CompleteRequest, Callable[[str], bool]]], *, document: str, language: str
+    ) -> Sized:
+        """``build(budget)`` -> (request, on_text); the prompt is built in this
+        document's learned budget and, if the server refuses it as too long,
+        built again once with the corrected ratio."""
+        for attempt in range(2):
+            request, on_text = build(self.budget_for(document, language))
+            outcome = await self.complete(request, on_text, document=document, language=language)
+            if outcome is not Outcome.PROMPT_TOO_LONG:
+                break
+        return Sized(outcome, request, rebuilt=attempt > 0)
 
     async def complete(self, request: pb.CompleteRequest, on_text: Callable[[str], bool], *, document: str = "", language: str = "") -> Outcome:
         """Stream one completion into ``on_text``, which returns True to stop early.

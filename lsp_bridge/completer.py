@@ -111,15 +111,16 @@ class Completer:
         return Result(opened, offset, completion) if completion is not None else None
 
     async def _ask_model(self, opened: OpenDocument, offset: int) -> tuple[bool, Completion | None]:
-        language = opened.doc.language_id or (opened.spec.name if opened.spec else "")
-        for _attempt in range(2):  # a prompt refused as too long is rebuilt once, with the corrected ratio
-            budget = self.backend.budget_for(opened.uri, language)
+        drafts: list[Draft] = []
+
+        def build(budget: Budget):
             request, shape = make_request(self.workspace, self.context, opened, offset, budget, self.settings)
-            draft = Draft(shape)
-            outcome = await self.backend.complete(request, draft.feed, document=opened.uri, language=language)
-            if outcome is not Outcome.PROMPT_TOO_LONG:
-                break
-        return outcome is Outcome.ANSWERED, draft.result()
+            drafts.append(Draft(shape))
+            return request, drafts[-1].feed
+
+        language = opened.doc.language_id or (opened.spec.name if opened.spec else "")
+        sized = await self.backend.complete_within_budget(build, document=opened.uri, language=language)
+        return sized.outcome is Outcome.ANSWERED, drafts[-1].result()
 
 
 def make_request(
