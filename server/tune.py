@@ -22,7 +22,7 @@ from pathlib import Path
 from quickdraft.server.config import load_config
 from quickdraft.server.controller import Controller, Observation, SpecConfig, run_sweep
 from quickdraft.server.controller_loop import controller_settings, mode_of, profile_key, profile_store
-from quickdraft.server.engine import Engine
+from quickdraft.server.engine import Engine, SpecMode
 from quickdraft.server.requests import Sampling, tokenize
 from quickdraft.server.service import speculative_stats
 from quickdraft.v1 import completion_pb2 as pb
@@ -44,17 +44,19 @@ class EngineMeasure:
         self.warmup_rounds = warmup_rounds
         self.loop = asyncio.new_event_loop()
         self.engine: Engine | None = None
-        self.config: SpecConfig | None = None
 
     def __call__(self, config: SpecConfig, concurrency: int) -> list[Observation]:
-        return self.loop.run_until_complete(self._measure(config, concurrency))
+        return self.measure_mode(mode_of(config, None), concurrency)
 
-    async def _measure(self, config: SpecConfig, concurrency: int) -> list[Observation]:
-        if config != self.config:
+    def measure_mode(self, mode: SpecMode, concurrency: int) -> list[Observation]:
+        """As a call, for any engine mode (e.g. with a per-batch-size schedule)."""
+        return self.loop.run_until_complete(self._measure(mode, concurrency))
+
+    async def _measure(self, mode: SpecMode, concurrency: int) -> list[Observation]:
+        if self.engine is None or self.engine.mode != mode:
             await self._close_engine()
-            self.engine = await Engine.start(self.cfg, mode_of(config, None))
-            self.config = config
-            print(f"engine {config.label()} ready in {self.engine.start_seconds:.1f} s", flush=True)
+            self.engine = await Engine.start(self.cfg, mode)
+            print(f"engine {mode.label()} ready in {self.engine.start_seconds:.1f} s", flush=True)
         engine = self.engine
         sampling = Sampling(max_tokens=self.max_tokens, temperature=0.0, top_p=1.0, stop=[], seed=None).to_vllm(engine.stop_token_ids)
         ids = [

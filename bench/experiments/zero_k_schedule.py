@@ -7,38 +7,36 @@ and plain K=3, at 1 and 8 concurrent streams, one engine after another in one
 process (quickdraft tune's EngineMeasure). The answer (vLLM 0.32 CPU) is in
 docs/vllm-notes.md: no, 1.52x off's TPOT at 8 streams.
 """
-import statistics, sys
-import quickdraft.server.tune as T
-from quickdraft.server.config import load_config
-from quickdraft.server.controller import SpecConfig
-from quickdraft.server.engine import SpecMode
+import statistics
+
 from quickdraft.bench.speculation import load_prompts
+from quickdraft.server.config import load_config
+from quickdraft.server.engine import SpecMode
+from quickdraft.server.tune import EngineMeasure
 
-SCHED = {"on": False}
-orig = T.mode_of
-def mode_of(config, sched):
-    m = orig(config, sched)
-    if SCHED["on"] and config.enabled and not config.parallel:
-        return SpecMode(enabled=True, parallel=False, k=config.k, per_batch_size=((1, 2, config.k), (3, 16, 0)))
-    return m
-T.mode_of = mode_of
+MODES = {
+    "off": SpecMode.off(),
+    "ar3": SpecMode(True, False, 3),
+    "ar3+K0@3+": SpecMode(True, False, 3, ((1, 2, 3), (3, 16, 0))),
+}
 
-def main():
-    cfg = load_config(env={}); cfg.validate()
-    m = T.EngineMeasure(cfg, load_prompts(48), 24, 48)
+
+def main() -> None:
+    cfg = load_config(env={})
+    cfg.validate()
+    m = EngineMeasure(cfg, load_prompts(48), 24, 48)
     out = {}
     try:
-        for label, conf, sched in (("off", SpecConfig.off(), False), ("ar3", SpecConfig(False, 3), False), ("ar3+K0@3+", SpecConfig(False, 3), True)):
-            SCHED["on"] = sched
-            m.config = None  # force a new engine
+        for label, mode in MODES.items():
             for c in (1, 8):
-                obs = m(conf, c)
+                obs = m.measure_mode(mode, c)
                 out[(label, c)] = statistics.median(o.tpot_s for o in obs) * 1000
                 print(label, c, f"{out[(label, c)]:.2f} ms", flush=True)
     finally:
         m.close()
     for c in (1, 8):
         print(f"c={c}: ar3+K0 / off = {out[('ar3+K0@3+', c)] / out[('off', c)]:.3f}, ar3+K0 / ar3 = {out[('ar3+K0@3+', c)] / out[('ar3', c)]:.3f}")
+
 
 if __name__ == "__main__":
     main()
