@@ -394,7 +394,8 @@ def run_gate(spec: GateSpec, thresholds_path: Path = THRESHOLDS, out: Path | Non
         "checks": [{"name": c.name, "value": c.value, "passed": c.passed, "note": c.note,
                     "max": c.threshold.max if c.threshold else None, "min": c.threshold.min if c.threshold else None} for c in checks],
         **{k: v for k, v in r.items()},
-        "samples": {n: {"ttft_s": p.ttft_s, "tpot_s": p.tpot_s, "tokens": p.tokens} for n, p in raw["paths"].items()},
+        # Histograms too: with them the controller replay can be rerun offline on exactly this run's data.
+        "samples": {n: {"ttft_s": p.ttft_s, "tpot_s": p.tpot_s, "tokens": p.tokens, "histograms": p.histograms} for n, p in raw["paths"].items()},
     }
     if out is not None:
         report.write_json(out / "gate.json", doc)

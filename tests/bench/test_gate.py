@@ -85,6 +85,9 @@ def test_an_injected_relay_slowdown_fails_the_gate_on_the_grpc_ratio(tmp_path):
     assert after["controller_regret"].passed is None and "--no-controller" in after["controller_regret"].note
     assert (tmp_path / "slowed" / "gate.json").exists() and "**FAIL**" in (tmp_path / "slowed" / "gate.md").read_text()
     assert slowed_doc["spec"]["inject_relay_s_per_token"] == 0.02 and clean_doc["rounds"] == 5
+    # Per-request acceptance histograms are kept, so the controller replay can be rerun offline.
+    p5 = clean_doc["samples"]["p5"]
+    assert len(p5["histograms"]) == len(p5["tpot_s"]) and any(p5["histograms"])
 
 
 def test_the_relay_is_restored_after_an_injection():
