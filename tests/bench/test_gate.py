@@ -4,7 +4,9 @@ the gate's own measurement (real server, fake engine)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -133,8 +135,30 @@ def test_gate_command_exit_status_and_message(monkeypatch, tmp_path, capsys):
 
 
 def test_controller_replay_on_measured_data_or_a_named_skip():
-    regret, note = gate.controller_regret(_raw(1.0), sim_s=120.0)
+    regret, note, replays = gate.controller_regret(_raw(1.0), sim_s=120.0, resamples=4)
     if regret is None:
         assert note  # the controller is not importable (or its API moved): the gate says so
     else:
         assert 0.0 <= regret < 1.0 and "measured requests" in note
+        # the run's own rounds first, then the resamples; the gate's value is their mean
+        assert len(replays) == 5 and regret == pytest.approx(sum(replays) / 5)
+        assert f"this run's own {replays[0]:.3f}" in note
+
+
+def _recorded_gate_run() -> dict:
+    doc = json.loads((Path(__file__).parent / "data" / "gate-samples-2026-12-03.json").read_text())
+    return {"paths": {name: PathSamples(name, "", doc["k"][name], **s) for name, s in doc["samples"].items()}}
+
+
+def test_controller_replay_on_a_recorded_gate_run():
+    """A real gate run (off, P-EAGLE K=5 and K=7 at batch 1): the replays on
+    its resamples differ (one replay is one noisy draw), the gate's value is
+    their mean, seeded, and the controller stays under the threshold."""
+    pytest.importorskip("quickdraft.server.controller")
+    raw = _recorded_gate_run()
+    regret, note, replays = gate.controller_regret(raw, sim_s=600.0, resamples=6, seed=1)
+    assert len(replays) == 7 and max(replays) > min(replays)
+    assert (regret, note, replays) == gate.controller_regret(raw, sim_s=600.0, resamples=6, seed=1)
+    assert regret <= load_thresholds()["controller_regret"].max
+    only, _, own = gate.controller_regret(raw, sim_s=600.0, resamples=0)
+    assert own == [only] == [replays[0]]
