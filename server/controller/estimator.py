@@ -192,6 +192,7 @@ class Estimator:
         chosen: list[int] = []
         for b in grid:
             best_k, best_val = ks[0], None
+            vals: dict[int, tuple[float, float]] = {}
             for k in ks:
                 lines = self._slo_lines(b, mode, k, constrained) if constrained[1] else ()
                 st_s = step(mode, k, b, local=k > 0)
@@ -199,11 +200,16 @@ class Estimator:
                     continue
                 excess = max([(a + kappa * st_s) / limit for a, kappa, limit in lines], default=0.0)
                 # infeasible configs sort after feasible ones, by how far they miss
-                val = (0.0 if excess <= 1.0 else excess, st_s / el[k])
+                val = vals[k] = (0.0 if excess <= 1.0 else excess, st_s / el[k])
                 if best_val is None or val[0] < best_val[0] or (
                     val[0] == best_val[0] and val[1] < best_val[1] * (1.0 - st.schedule.k_tie_tolerance)
                 ):
                     best_k, best_val = k, val
+            # the smaller batch's K carries on unless another is clearly faster (no zig-zag on noise)
+            prev = vals.get(chosen[-1]) if chosen else None
+            if (prev is not None and best_val is not None and prev[0] == best_val[0]
+                    and prev[1] <= best_val[1] * (1.0 + st.schedule.k_change_tolerance)):
+                best_k = chosen[-1]
             chosen.append(best_k)
         if st.schedule.non_increasing:
             for i in range(1, len(chosen)):

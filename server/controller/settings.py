@@ -311,6 +311,12 @@ class ScheduleSettings:
     k_tie_tolerance: float = 0.02
     """Prefer the smaller K unless a larger one is predicted this much faster
     (less KV cache, less exposure to acceptance drops)."""
+    k_change_tolerance: float = 0.04
+    """From one batch size to the next, keep the smaller batch's K unless
+    another K is predicted this much faster. Predictions move a few percent
+    with noise; without this, a CPU run got the zig-zag schedule
+    ``1-5:K3 6-9:K5 10-14:K3 15+:K1`` instead of ``1-2:K3 3+:K1``, and a
+    schedule that differs from a warm engine's costs a rebuild."""
     non_increasing: bool = False
     """Force K to fall (or stay) as the batch grows. Off by default: it holds
     for dense targets (verification gets dearer per token), but on the H200
@@ -321,6 +327,7 @@ class ScheduleSettings:
     def validate(self) -> None:
         _check(1 <= self.max_batch <= 4096, "schedule.max_batch must be 1..4096")
         _check(0 <= self.k_tie_tolerance < 0.5, "schedule.k_tie_tolerance must be a small fraction")
+        _check(0 <= self.k_change_tolerance < 0.5, "schedule.k_change_tolerance must be a small fraction")
 
 
 @dataclass
