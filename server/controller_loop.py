@@ -195,6 +195,7 @@ class ControllerLoop:
         snap = engine.snapshot
         now = self.clock()
         self.ctl.observe_engine(EngineSnapshot(running=snap.running, waiting=snap.waiting, kv_cache_usage=min(1.0, max(0.0, snap.kv_cache_usage))), now=now)
+        self.ctl.set_warm(config_of(mode) for mode in self.engines.standby)
         decision = self.ctl.decide(now=now)
         if decision.action == "hold":
             return

@@ -167,6 +167,28 @@ def test_standby_engine_makes_the_switch_back_instant(tmp_path):
     asyncio.run(run())
 
 
+def test_tick_tells_the_controller_which_engines_are_warm(tmp_path):
+    async def run():
+        cfg, manager, service, loop, made = make(tmp_path, **{"controller.standby_engines": "1"})
+        sched = KSchedule(False, ((1, 2, 3), (3, 16, 1)))
+        warm = mode_of(SpecConfig(False, 3), sched)
+        await manager.start(warm)
+        assert await manager.switch(SpecMode.off(), "to off")  # the scheduled engine stays warm
+        loop._task = None
+        seen = []
+        real = loop.ctl.set_warm
+        loop.ctl.set_warm = lambda engines: (seen.append(list(engines)), real(seen[-1]))
+        await loop.tick()
+        await manager.stop()
+        return seen, warm
+
+    seen, warm = asyncio.run(run())
+    assert len(seen) == 1 and len(seen[0]) == 1
+    config, schedule = seen[0][0]
+    # what the controller is told maps back to exactly the warm engine's mode
+    assert mode_of(config, schedule) == warm and schedule is not None and schedule.k_for(4) == 1
+
+
 def test_without_standby_the_old_engine_is_retired(tmp_path):
     async def run():
         cfg, manager, service, loop, made = make(tmp_path)

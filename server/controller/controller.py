@@ -11,7 +11,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from .decision import Action, Decision, DecisionLog
 from .estimator import Estimator, Prediction
@@ -102,6 +102,7 @@ class Controller:
         self._cooldown: dict[SpecConfig, float] = {}
         self._last_load_change_at = -math.inf
         self._notes: list[str] = []  # events to mention in the next decision
+        self._warm: tuple[tuple[SpecConfig, KSchedule | None], ...] = ()
         self.engine_rebuilds = 0
         self.switches = 0
         self.observations = 0
@@ -137,6 +138,12 @@ class Controller:
         self._probe = None
         if rebuilt:
             self.engine_rebuilds += 1
+
+    def set_warm(self, engines: Iterable[tuple[SpecConfig, KSchedule | None]]) -> None:
+        """Engines already built and waiting beside the serving one (standby):
+        moving to one is instant, so one predicted within the hysteresis margin
+        of the best is chosen instead of building the best."""
+        self._warm = tuple(engines)
 
     def applied(self, decision: Decision, *, now: float | None = None, rebuilt: bool = True) -> None:
         """The engine now runs ``decision``'s target (``rebuilt``: it took a new engine)."""
@@ -260,6 +267,7 @@ class Controller:
         active = self._active_plan(load)
         trusted = [pl for pl in plans if self._trusted(pl.mode) or pl.mode == active.mode]
         best = _pick(trusted) if trusted else active
+        best = self._prefer_warm(now, load, best, active)
         a_pred, b_pred = active.prediction, best.prediction
         a_tpot, b_tpot = a_pred.tpot_s, b_pred.tpot_s
         same = best.mode == active.mode and best.config == active.config
@@ -462,6 +470,33 @@ class Controller:
         else:
             pred = self.estimator.predict(cfg, load)
         return _ModePlan(self._mode, self._schedule, pred)
+
+    def _prefer_warm(self, now: float, load: float, best: _ModePlan, active: _ModePlan) -> _ModePlan:
+        """``best``, or a warm engine's plan predicted within the hysteresis
+        margin of it (meeting the SLOs if ``best`` does): an instant switch
+        beats a rebuild for a gain inside the prediction's noise."""
+        b_tpot = best.prediction.tpot_s
+        if b_tpot is None or (best.mode == active.mode and best.config == active.config):
+            return best
+        limit = b_tpot * (1.0 + self.settings.hysteresis.margin)
+        chosen = None
+        for cfg, sched in self._warm:
+            at_load = sched.config_at(load) if sched is not None else cfg
+            if sched is not None and not at_load.enabled:
+                pred = self.estimator._off_in_mode(sched.parallel, load)
+                mode = PARALLEL if sched.parallel else AUTOREGRESSIVE
+            else:
+                pred = self.estimator.predict(at_load, load)
+                mode = at_load.mode
+            if mode == active.mode and sched == self._schedule and at_load == active.config:
+                continue  # the serving engine itself
+            if (pred.tpot_s is None or pred.tpot_s > limit or (best.prediction.feasible and not pred.feasible)
+                    or not (self._trusted(mode) or mode == OFF) or self._banned(at_load, now)
+                    or (self._k_cap is not None and sched is not None and sched.max_k > self._k_cap)):
+                continue
+            if chosen is None or pred.tpot_s < chosen.prediction.tpot_s:
+                chosen = _ModePlan(mode, sched, pred)
+        return chosen or best
 
     def _gain_error(self, a: _ModePlan, b: _ModePlan, load: float) -> float:
         """Standard error of the predicted relative TPOT gain of b over a."""

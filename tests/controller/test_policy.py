@@ -287,3 +287,42 @@ def test_failed_switch_is_not_retried_at_once():
         d = ctl.decide()
         assert d.target != SpecConfig(True, 7)
     assert any("out of memory" in e["detail"] for e in ctl.state()["events"])
+
+
+def _switch_after_dwell(ctl, clock, load: float):
+    d = None
+    for _ in range(ctl.settings.hysteresis.sustain_decisions + 2):
+        clock.advance(ctl.settings.hysteresis.min_dwell_s)
+        ctl.observe_engine(EngineSnapshot(running=load))
+        d = ctl.decide()
+        if d.action != "hold":
+            return d
+    return d
+
+
+def test_a_warm_engine_within_the_margin_is_preferred_to_a_rebuild():
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    # P-EAGLE K=5 is predicted 8.6% slower than K=7 here: inside a 10% margin
+    settings = ControllerSettings(schedule=ScheduleSettings(enabled=False), hysteresis=HysteresisSettings(margin=0.10))
+    ctl, clock = calibrated(eng, settings)
+    ctl.activate(SpecConfig.off())
+    preds = sorted((p for p in ctl.candidates(1) if p.tpot_s is not None), key=lambda p: p.tpot_s)
+    best, runner = preds[0], preds[1]
+    margin = settings.hysteresis.margin
+    assert runner.tpot_s <= best.tpot_s * (1 + margin) and runner.config != SpecConfig.off()
+    # cold: the best is built
+    d = _switch_after_dwell(ctl, clock, 1)
+    assert d.action == "switch" and d.target == best.config
+    # the same situation with the runner-up already built on standby: switch to it
+    ctl2, clock2 = calibrated(eng, settings)
+    ctl2.activate(SpecConfig.off())
+    ctl2.set_warm([(runner.config, None)])
+    d2 = _switch_after_dwell(ctl2, clock2, 1)
+    assert d2.action == "switch" and d2.target == runner.config, d2.reason
+    # a warm engine clearly slower than the best is not taken
+    far = next(p for p in preds if p.tpot_s > best.tpot_s * (1 + margin) and p.config != SpecConfig.off())
+    ctl3, clock3 = calibrated(eng, settings)
+    ctl3.activate(SpecConfig.off())
+    ctl3.set_warm([(far.config, None)])
+    d3 = _switch_after_dwell(ctl3, clock3, 1)
+    assert d3.action == "switch" and d3.target == best.config
