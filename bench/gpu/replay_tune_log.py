@@ -1,6 +1,6 @@
 """Feed the rows of a ``quickdraft tune`` log to the controller; print its pick per concurrency.
 
-    python -m quickdraft.bench.gpu.replay_tune_log LOG [--max-tokens 64] [--config TOML]
+    python -m quickdraft.bench.gpu.replay_tune_log LOG [LOG...] [--max-tokens 64] [--config TOML]
 
 For a run whose JSON and profile did not come back (the H200 run of
 2026-12-02 lost its machine before the sweep ended; docs/gpu-h200.md). The log
@@ -79,13 +79,13 @@ def replay(rows: list[dict], *, max_tokens: int, rates_ar: list[float], rates_pa
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("log", type=Path)
+    ap.add_argument("log", type=Path, nargs="+", help="tune logs; a (config, concurrency) row measured in several comes from the first")
     ap.add_argument("--max-tokens", type=int, default=64, help="the run's --max-tokens (greedy requests ran to it)")
     ap.add_argument("--config", default="bench/gpu/h200-qwen3-coder-dummy.toml", help="the run's TOML (synthetic rates, SLOs, max_num_seqs)")
     args = ap.parse_args(argv)
-    rows = parse_rows(args.log.read_text(errors="replace"))
+    rows = parse_rows("\n".join(log.read_text(errors="replace") for log in args.log))
     if not rows:
-        print(f"no sweep rows in {args.log}", file=sys.stderr)
+        print(f"no sweep rows in {', '.join(map(str, args.log))}", file=sys.stderr)
         return 2
     cfg = load_config(args.config)
     s = cfg.speculation
