@@ -102,7 +102,7 @@ class Controller:
         self._cooldown: dict[SpecConfig, float] = {}
         self._last_load_change_at = -math.inf
         self._notes: list[str] = []  # events to mention in the next decision
-        self._warm: tuple[tuple[SpecConfig, KSchedule | None], ...] = ()
+        self._warm: tuple[KSchedule | None, ...] = ()  # None: an engine with speculation off
         self.engine_rebuilds = 0
         self.switches = 0
         self.observations = 0
@@ -143,7 +143,9 @@ class Controller:
         """Engines already built and waiting beside the serving one (standby):
         moving to one is instant, so one predicted within the hysteresis margin
         of the best is chosen instead of building the best."""
-        self._warm = tuple(engines)
+        max_batch = self.settings.schedule.max_batch
+        self._warm = tuple(None if not cfg.enabled else (sched or KSchedule.uniform(cfg, max_batch))
+                           for cfg, sched in engines)
 
     def applied(self, decision: Decision, *, now: float | None = None, rebuilt: bool = True) -> None:
         """The engine now runs ``decision``'s target (``rebuilt``: it took a new engine)."""
@@ -464,12 +466,16 @@ class Controller:
         return out
 
     def _active_plan(self, load: float) -> _ModePlan:
-        cfg = self.active_config(load)
-        if self._schedule is not None and not cfg.enabled:
-            pred = self.estimator._off_in_mode(self._schedule.parallel, load)
-        else:
-            pred = self.estimator.predict(cfg, load)
-        return _ModePlan(self._mode, self._schedule, pred)
+        return self._plan_of(self._schedule, load)
+
+    def _plan_of(self, schedule: KSchedule | None, load: float) -> _ModePlan:
+        """The plan of an engine running ``schedule`` (None: speculation off) at ``load``."""
+        if schedule is None:
+            return _ModePlan(OFF, None, self.estimator.predict(SpecConfig.off(), load))
+        cfg = schedule.config_at(load)
+        # K=0 at this load inside a speculative engine: the mode's model at K=0
+        pred = self.estimator.predict(cfg, load) if cfg.enabled else self.estimator._off_in_mode(schedule.parallel, load)
+        return _ModePlan(PARALLEL if schedule.parallel else AUTOREGRESSIVE, schedule, pred)
 
     def _prefer_warm(self, now: float, load: float, best: _ModePlan, active: _ModePlan) -> _ModePlan:
         """``best``, or a warm engine's plan predicted within the hysteresis
@@ -480,22 +486,17 @@ class Controller:
             return best
         limit = b_tpot * (1.0 + self.settings.hysteresis.margin)
         chosen = None
-        for cfg, sched in self._warm:
-            at_load = sched.config_at(load) if sched is not None else cfg
-            if sched is not None and not at_load.enabled:
-                pred = self.estimator._off_in_mode(sched.parallel, load)
-                mode = PARALLEL if sched.parallel else AUTOREGRESSIVE
-            else:
-                pred = self.estimator.predict(at_load, load)
-                mode = at_load.mode
-            if mode == active.mode and sched == self._schedule and at_load == active.config:
+        for sched in self._warm:
+            if sched == self._schedule:
                 continue  # the serving engine itself
-            if (pred.tpot_s is None or pred.tpot_s > limit or (best.prediction.feasible and not pred.feasible)
-                    or not (self._trusted(mode) or mode == OFF) or self._banned(at_load, now)
+            plan = self._plan_of(sched, load)
+            p = plan.prediction
+            if (p.tpot_s is None or p.tpot_s > limit or (best.prediction.feasible and not p.feasible)
+                    or not (plan.mode == OFF or self._trusted(plan.mode)) or self._banned(plan.config, now)
                     or (self._k_cap is not None and sched is not None and sched.max_k > self._k_cap)):
                 continue
-            if chosen is None or pred.tpot_s < chosen.prediction.tpot_s:
-                chosen = _ModePlan(mode, sched, pred)
+            if chosen is None or p.tpot_s < chosen.prediction.tpot_s:
+                chosen = plan
         return chosen or best
 
     def _gain_error(self, a: _ModePlan, b: _ModePlan, load: float) -> float:
