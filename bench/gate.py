@@ -337,7 +337,9 @@ def controller_regret(raw: dict, sim_s: float, resamples: int = REPLAY_RESAMPLES
     except Exception as e:  # noqa: BLE001 - being integrated by another engineer
         return None, f"quickdraft.server.controller is not importable ({type(e).__name__}: {e})", []
     paths = {name: p for name, p in raw["paths"].items() if not name.startswith("grpc-")}
-    rounds = min(len(p.tpot_s) for p in paths.values())
+    rounds = min((len(p.tpot_s) for p in paths.values()), default=0)
+    if rounds == 0:
+        return None, "controller replay: no measured rounds", []
     rng = random.Random(seed)
     draws = [list(range(rounds))] + [[rng.randrange(rounds) for _ in range(rounds)] for _ in range(resamples)]
     quiet = logging.getLogger("quickdraft.server.controller")
