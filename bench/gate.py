@@ -332,8 +332,7 @@ def controller_regret(raw: dict, sim_s: float, resamples: int = REPLAY_RESAMPLES
     without any change to the controller (docs/benchmarks.md).
     """
     try:
-        from quickdraft.server.controller import Controller, ControllerSettings, Observation, SpecConfig  # noqa: F401
-        from quickdraft.server.controller.sim import FakeClock, Harness, Phase, TraceEngine  # noqa: F401
+        import quickdraft.server.controller.sim  # noqa: F401 - importable at all? (_replay uses it)
     except Exception as e:  # noqa: BLE001 - being integrated by another engineer
         return None, f"quickdraft.server.controller is not importable ({type(e).__name__}: {e})", []
     paths = {name: p for name, p in raw["paths"].items() if not name.startswith("grpc-")}
