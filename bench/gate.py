@@ -228,7 +228,7 @@ def measure(spec: GateSpec, engine_factory: Callable | None = None, show_progres
             prompts = load_prompts(spec.rounds + 1)
             reqs = [pb.CompleteRequest(prefix=p["prefix"], max_tokens=spec.max_tokens, **({"suffix": p["suffix"]} if p["suffix"] is not None else {})) for p in prompts]
             any_engine = engines["off"]
-            ids = [tokenize(any_engine.tokenizer, r, cfg.preset.prompt_format) for r in reqs]
+            ids = [tokenize(any_engine.prompt_tokens, r, cfg.preset.prompt_format) for r in reqs]
             sampling = Sampling(max_tokens=spec.max_tokens, temperature=0.0, top_p=1.0, stop=[], seed=None).to_vllm(any_engine.stop_token_ids)
 
             paths: list[PathSamples] = [PathSamples("off", "off", 0)]

@@ -1,9 +1,10 @@
 """The server's own cost: TTFT and TPOT through gRPC against calling the same
 vLLM AsyncLLM in-process, same prompts, same engine, same process start.
 
-    python -m quickdraft.bench.grpc_overhead [--requests 60] [--max-tokens 48]
+    python -m quickdraft.bench.grpc_overhead [--requests 60] [--max-tokens 48] [--config FILE]
 
-One engine (embedded preset, parallel drafting K=5) serves four paths;
+One engine (the embedded preset, parallel drafting K=5, unless ``--config``
+says otherwise; docs/gpu-h200.md runs it on the H200) serves four paths;
 requests rotate between them, one at a time, so machine noise hits all alike:
 
 - ``direct``: the rendered FIM prompt text into vLLM's AsyncLLM, which
@@ -53,7 +54,13 @@ class Measured:
 async def direct(engine, prompt: list[int] | str, sampling, rid: str) -> Measured:
     """One request straight into the engine, no server in between. ``prompt``:
     token ids (``Engine.generate``), or the rendered prompt text, which vLLM's
-    AsyncLLM tokenizes itself, as any in-process caller's would be."""
+    AsyncLLM tokenizes itself, as any in-process caller's would be.
+
+    Timed as the gRPC path is: from the first output with text to the last.
+    An output can carry tokens but no text yet (the start of a multi-byte
+    character); random weights (the H200 run) produce many such tokens, and
+    the gRPC server sends nothing for them, so timing tokens here would
+    charge their wait to gRPC (+10.7 ms at p50 on the H200, 2026-12-03)."""
     t0 = time.perf_counter()
     first = last = None
     n = 0
@@ -61,14 +68,14 @@ async def direct(engine, prompt: list[int] | str, sampling, rid: str) -> Measure
     stream = engine.generate(rid, prompt, sampling) if isinstance(prompt, list) else engine.llm.generate(prompt, sampling, rid)
     async for out in stream:
         c = out.outputs[0]
-        if c.token_ids:
+        n += len(c.token_ids)
+        if c.text:
             now = time.perf_counter()
             first = first or now
             last = now
-            n += len(c.token_ids)
         if c.finish_reason is not None and getattr(c, "spec_decode_metrics", None) is not None:
             histogram = list(c.spec_decode_metrics.histogram)
-    tpot = (last - first) / (n - 1) if n > 1 else None
+    tpot = (last - first) / (n - 1) if n > 1 and first is not None else None
     return Measured((first or time.perf_counter()) - t0, tpot, n, histogram)
 
 
@@ -141,6 +148,7 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=60, help="per path")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--out", type=Path, default=Path("bench/results/grpc_overhead"))
+    ap.add_argument("--config", help="quickdraft TOML config of the engine (default: the embedded preset)")
     ap.add_argument("--client-of", metavar="HOST:PORT", help=argparse.SUPPRESS)  # the client process's own mode
     args = ap.parse_args(argv)
     n_prompts = max(1, args.requests // 2)
@@ -149,11 +157,12 @@ def main(argv=None) -> int:
 
     from quickdraft.client import CompletionClient
     from quickdraft.server.config import load_config
+    from quickdraft.server.engine import hardware_description
     from quickdraft.server.grpc_server import QuickdraftServer
     from quickdraft.prompt_format import CodeContext, render
     from quickdraft.server.requests import Sampling, tokenize
 
-    cfg = load_config(env={}, overrides={"server.port": 0, "telemetry.metrics_port": 0})
+    cfg = load_config(args.config, env={}, overrides={"server.port": 0, "telemetry.metrics_port": 0})
     cfg.validate()
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -164,7 +173,7 @@ def main(argv=None) -> int:
     engine = server.engines.engine
 
     reqs = requests_for(load_prompts(n_prompts), args.max_tokens)
-    token_ids = [tokenize(engine.tokenizer, r, cfg.preset.prompt_format) for r in reqs]
+    token_ids = [tokenize(engine.prompt_tokens, r, cfg.preset.prompt_format) for r in reqs]
     texts = [render(CodeContext(prefix=r.prefix, suffix=r.suffix if r.HasField("suffix") else None), cfg.preset.prompt_format) for r in reqs]
     sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, top_p=1.0, stop=[], seed=None).to_vllm(engine.stop_token_ids)
 
@@ -206,6 +215,8 @@ def main(argv=None) -> int:
         "command": "python -m quickdraft.bench.grpc_overhead " + " ".join(argv or sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "requests_per_path": args.requests,
+        "machine": hardware_description(),
+        "engine": engine.mode.label(),
         "ttft_ms": {p: {"p50": 1000 * statistics.median(v["ttft"]), "p90": 1000 * percentile(v["ttft"], 0.9)} for p, v in results.items()},
         "tpot_ms": {p: {"p50": 1000 * statistics.median(v["tpot"]), "p90": 1000 * percentile(v["tpot"], 0.9)} for p, v in results.items()},
         "ttft_p50_added_ms": ttft_p50_delta_ms,

@@ -79,7 +79,7 @@ async def run_config(cfg, mode: SpecMode, prompts: list[dict], max_tokens: int, 
         reqs = []
         for p in prompts:
             kw = {"suffix": p["suffix"]} if p["suffix"] is not None else {}
-            reqs.append(tokenize(engine.tokenizer, pb.CompleteRequest(prefix=p["prefix"], **kw), cfg.preset.prompt_format))
+            reqs.append(tokenize(engine.prompt_tokens, pb.CompleteRequest(prefix=p["prefix"], **kw), cfg.preset.prompt_format))
         # Warm-up: first requests pay one-time costs.
         async for _ in engine.generate("warmup", reqs[0], sampling):
             pass

@@ -103,6 +103,16 @@ class EngineConfig:
     """Share of GPU memory vLLM may take (GPU only)."""
     cpu_kv_cache_gib: int = 1
     """KV cache size on CPU, in whole GiB (sets VLLM_CPU_KVCACHE_SPACE, which vLLM reads as an integer)."""
+    cpu_malloc_mmap_threshold_bytes: int = 0
+    """glibc's mmap threshold for the CPU engine's processes (sets
+    MALLOC_MMAP_THRESHOLD_ before vLLM spawns them): blocks at least this large
+    get their own mapping and go back to the system when freed. A fixed value
+    stops glibc from raising the threshold each time the worker frees a large
+    tensor, which lets its memory grow with the variety of prompt lengths.
+    1048576 (1 MiB) keeps it flat but costs speed: TTFT 1.2-1.3x at 1 stream,
+    throughput 0.83x at 16 on the 2-core test machine (RELIABILITY.md, Load).
+    0: leave glibc's dynamic threshold (or an operator's own
+    MALLOC_MMAP_THRESHOLD_) alone. At most 32 MiB, glibc's cap."""
     max_num_seqs: int = 16
     """Requests the engine batches at once; more wait in its queue."""
     enforce_eager: bool | None = None

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from quickdraft.server.config import QuickdraftConfig
+from quickdraft.server.prompt_tokens import PromptTokenizer
 
 log = logging.getLogger("quickdraft.engine")
 
@@ -146,6 +147,18 @@ class EngineError(RuntimeError):
     """The engine died or failed; in-flight requests end with UNAVAILABLE."""
 
 
+def engine_process_env(cfg: QuickdraftConfig) -> dict[str, str]:
+    """Environment the engine's processes must start with (read once, at their start)."""
+    if cfg.device() != "cpu":
+        return {}
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.engine.cpu_kv_cache_gib)}
+    if cfg.engine.cpu_malloc_mmap_threshold_bytes:
+        # glibc reads it at process start; a fixed threshold also turns off the
+        # dynamic raising that lets the worker's heap grow (RELIABILITY.md, Load).
+        env["MALLOC_MMAP_THRESHOLD_"] = str(cfg.engine.cpu_malloc_mmap_threshold_bytes)
+    return env
+
+
 class Engine:
     """A started vLLM engine. Build with ``await Engine.start(cfg, mode)``."""
 
@@ -155,6 +168,7 @@ class Engine:
         self.snapshot = EngineSnapshot()
         self.llm: Any = None
         self.tokenizer: Any = None
+        self.prompt_tokens: PromptTokenizer | None = None
         self.started_at = 0.0
         self.start_seconds = 0.0
         self.stop_token_ids: list[int] = []
@@ -215,8 +229,10 @@ class Engine:
         return engine
 
     def _build(self) -> None:
-        if self.cfg.device() == "cpu":
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.engine.cpu_kv_cache_gib)
+        # vLLM's engine processes inherit this process's environment when spawned.
+        # Set for good, not around the build: engines start on several threads at
+        # once (standby engines), all from the same config.
+        os.environ.update(engine_process_env(self.cfg))
         t0 = time.monotonic()
         try:
             from vllm.v1.engine.async_llm import AsyncLLM
@@ -228,6 +244,7 @@ class Engine:
         except Exception as e:  # noqa: BLE001
             raise EngineError(f"engine failed to start ({self.mode.label()}): {explain_import_error(e)}") from e
         self.tokenizer = self.llm.get_tokenizer()
+        self.prompt_tokens = PromptTokenizer(self.tokenizer)
         from quickdraft.prompt_format import STOP_TOKENS
 
         vocab = self.tokenizer.get_vocab()

@@ -105,7 +105,7 @@ class CompletionService:
         try:
             with self.admission.admit(client):
                 async with self.engines.lease() as engine:
-                    prepared = prepare(req, self.cfg, engine.tokenizer)
+                    prepared = prepare(req, self.cfg, engine.prompt_tokens)
                     # aclosing: when our caller closes us, the inner stream closes (and
                     # aborts the engine request) now, not when it is garbage-collected.
                     async with contextlib.aclosing(self._stream(engine, prepared, timing, trace_context)) as stream:

@@ -60,7 +60,7 @@ class EngineMeasure:
         engine = self.engine
         sampling = Sampling(max_tokens=self.max_tokens, temperature=0.0, top_p=1.0, stop=[], seed=None).to_vllm(engine.stop_token_ids)
         ids = [
-            tokenize(engine.tokenizer, pb.CompleteRequest(prefix=p["prefix"], **({"suffix": p["suffix"]} if p["suffix"] is not None else {})), self.cfg.preset.prompt_format)
+            tokenize(engine.prompt_tokens, pb.CompleteRequest(prefix=p["prefix"], **({"suffix": p["suffix"]} if p["suffix"] is not None else {})), self.cfg.preset.prompt_format)
             for p in self.prompts
         ]
         observations: list[Observation] = []

@@ -18,6 +18,8 @@ PARALLEL_DRAFTING_MIN_VLLM = (0, 16)
 # (vllm/v1/spec_decode/llm_base_proposer.py: _init_parallel_drafting_params).
 SLOT_TOKEN_KEYS = ("mask_token_id", "ptd_token_id", "pard_token", "dspark_noise_token_id")
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+# glibc ignores an M_MMAP_THRESHOLD above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit).
+MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
 
 
 def vllm_distribution() -> tuple[str, str] | None:
@@ -206,6 +208,11 @@ def validate(cfg: QuickdraftConfig, check_files: bool = True, check_vllm: bool =
         raise ConfigError(f"engine.device = {e.device!r}; use auto, cpu or cuda")
     if not 0 < e.gpu_memory_utilization <= 1:
         raise ConfigError("engine.gpu_memory_utilization must be in (0, 1]")
+    if not 0 <= e.cpu_malloc_mmap_threshold_bytes <= MMAP_THRESHOLD_MAX:
+        raise ConfigError(
+            f"engine.cpu_malloc_mmap_threshold_bytes = {e.cpu_malloc_mmap_threshold_bytes}: use 0 (glibc's default) "
+            f"or a size in bytes up to {MMAP_THRESHOLD_MAX} (32 MiB; glibc ignores larger values)"
+        )
 
     if check_vllm:
         dist = vllm_distribution()

@@ -104,6 +104,24 @@ def test_vllm_build_and_version_checks(monkeypatch):
     cfg.validate(check_files=False)
 
 
+def test_cpu_engine_processes_get_the_kv_cache_and_malloc_settings():
+    """glibc and vLLM read these once, at process start: they must be in the
+    environment the engine's processes are spawned with."""
+    from quickdraft.server.engine import engine_process_env
+
+    cfg = cfg_with(**{"engine.device": "cpu", "engine.cpu_kv_cache_gib": "3", "engine.cpu_malloc_mmap_threshold_bytes": "1048576"})
+    assert engine_process_env(cfg) == {"VLLM_CPU_KVCACHE_SPACE": "3", "MALLOC_MMAP_THRESHOLD_": "1048576"}
+    # 0 leaves glibc's dynamic threshold (or the operator's own variable) alone.
+    assert "MALLOC_MMAP_THRESHOLD_" not in engine_process_env(cfg_with(**{"engine.device": "cpu", "engine.cpu_malloc_mmap_threshold_bytes": "0"}))
+    assert engine_process_env(cfg_with(**{"engine.device": "cuda"})) == {}
+
+
+@pytest.mark.parametrize("value", ["-1", str(32 * 2**20 + 1)])
+def test_malloc_threshold_outside_what_glibc_takes_is_refused(value):
+    with pytest.raises(ConfigError, match="engine.cpu_malloc_mmap_threshold_bytes.*32 MiB"):
+        cfg_with(**{"engine.cpu_malloc_mmap_threshold_bytes": value}).validate(check_files=False, check_vllm=False)
+
+
 def test_synthetic_rejection_refused_on_cpu():
     cfg = cfg_with(**{"speculation.rejection_sample_method": "synthetic", "engine.device": "cpu"})
     with pytest.raises(ConfigError, match="CPU sampler"):

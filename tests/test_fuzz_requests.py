@@ -12,6 +12,7 @@ documented limits; the properties compare the server against it.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -25,6 +26,7 @@ from quickdraft.prompt_format import SPECIAL_TOKENS, CodeContext, segments
 from quickdraft.server.config import load_config
 from quickdraft.server.grpc_server import _BadRequest, _parse
 from quickdraft.server.presets import embedded_dir
+from quickdraft.server.prompt_tokens import PromptTokenizer
 from quickdraft.server.requests import MAX_REQUEST_ID, PreparedRequest, RequestError, check, prepare, tokenize
 from quickdraft.v1 import completion_pb2 as pb
 
@@ -154,6 +156,10 @@ def violations(req: pb.CompleteRequest) -> set[str]:
     return v
 
 
+# One per tokenizer, as the engine keeps one.
+prompt_tokens_of = functools.cache(PromptTokenizer)
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     transformers = pytest.importorskip("transformers")
@@ -200,7 +206,7 @@ def check_one(req: pb.CompleteRequest, tokenizer, sampling_params) -> str:
     """Run prepare(); return "ok" or the error's field, asserting the contract."""
     expected = violations(req)
     try:
-        p = prepare(req, CFG, tokenizer)
+        p = prepare(req, CFG, prompt_tokens_of(tokenizer))
     except RequestError as e:
         assert e.code == "INVALID_ARGUMENT", (e.code, e.message)
         assert MARKER not in e.message, "an error message echoed the caller's code"
@@ -208,7 +214,7 @@ def check_one(req: pb.CompleteRequest, tokenizer, sampling_params) -> str:
             assert any(field in e.message for field in expected), f"message {e.message!r} names none of {sorted(expected)}"
         else:
             # Only the tokenizer-dependent rules remain: too long, or nothing to send.
-            ids = tokenize(tokenizer, req, CFG.preset.prompt_format)
+            ids = tokenize(prompt_tokens_of(tokenizer), req, CFG.preset.prompt_format)
             if len(ids) > CFG.max_prompt_tokens():
                 assert "max_prompt_tokens" in e.message
             else:

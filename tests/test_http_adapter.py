@@ -20,10 +20,12 @@ from quickdraft.server.engine import SpecMode
 from quickdraft.server.engine_manager import EngineManager
 from quickdraft.server.http_api import HttpServer, chat_call, completion_call
 from quickdraft.server.presets import embedded_dir
+from quickdraft.server.prompt_tokens import PromptTokenizer
 from quickdraft.server.service import CompletionService
 from quickdraft.server.telemetry import Telemetry
 
 TOKENIZER = AutoTokenizer.from_pretrained(str(embedded_dir() / "target"))
+PROMPT_TOKENS = PromptTokenizer(TOKENIZER)
 VOCAB = TOKENIZER.get_vocab()
 MODE = SpecMode(enabled=True, parallel=True, k=5)
 
@@ -38,6 +40,7 @@ class FakeEngine:
     mode: SpecMode = MODE
     dead: bool = False
     tokenizer: object = TOKENIZER
+    prompt_tokens: PromptTokenizer = PROMPT_TOKENS
     stop_token_ids: list[int] = field(default_factory=lambda: [VOCAB["<|endoftext|>"]])
     calls: list[tuple[list[int], object]] = field(default_factory=list)
     unfinished: set = field(default_factory=set)

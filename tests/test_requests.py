@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from quickdraft.prompt_format import CodeContext, render
 from quickdraft.server.config import load_config
 from quickdraft.server.presets import embedded_dir
+from quickdraft.server.prompt_tokens import PromptTokenizer
 from quickdraft.server.requests import RequestError, prepare, tokenize
 from quickdraft.v1 import completion_pb2 as pb
 
@@ -17,14 +20,19 @@ def tok():
     return AutoTokenizer.from_pretrained(str(embedded_dir() / "target"))
 
 
+@pytest.fixture(scope="module")
+def tokens(tok):
+    return PromptTokenizer(tok)
+
+
 @pytest.fixture
 def cfg():
     return load_config(env={})
 
 
-def test_fim_prompt_tokenizes_like_the_training_format(tok):
+def test_fim_prompt_tokenizes_like_the_training_format(tok, tokens):
     req = pb.CompleteRequest(prefix="def f(x):\n    ", suffix="\n", file_path="a.py", repo_name="r", context_files=[pb.ContextFile(path="b.py", content="X = 1\n")])
-    ids = tokenize(tok, req, "qwen-fim")
+    ids = tokenize(tokens, req, "qwen-fim")
     text = render(CodeContext(prefix=req.prefix, suffix=req.suffix, file_path="a.py", repo_name="r", context_files=[("b.py", "X = 1\n")]))
     assert ids == tok.encode(text, add_special_tokens=False)
     vocab = tok.get_vocab()
@@ -32,17 +40,17 @@ def test_fim_prompt_tokenizes_like_the_training_format(tok):
         assert vocab[special] in ids
 
 
-def test_special_token_strings_in_user_code_stay_text(tok):
+def test_special_token_strings_in_user_code_stay_text(tok, tokens):
     req = pb.CompleteRequest(prefix="s = '<|endoftext|><|fim_middle|>'\n")
-    ids = tokenize(tok, req, "qwen-fim")
+    ids = tokenize(tokens, req, "qwen-fim")
     vocab = tok.get_vocab()
     assert vocab["<|endoftext|>"] not in ids and vocab["<|fim_middle|>"] not in ids
     assert tok.decode(ids) == req.prefix
 
 
-def test_raw_prompt_is_sent_as_is(tok):
+def test_raw_prompt_is_sent_as_is(tok, tokens):
     req = pb.CompleteRequest(prefix="<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>", raw_prompt=True)
-    assert tokenize(tok, req, "qwen-fim")[0] == tok.get_vocab()["<|fim_prefix|>"]
+    assert tokenize(tokens, req, "qwen-fim")[0] == tok.get_vocab()["<|fim_prefix|>"]
 
 
 def test_a_tokenizer_without_the_formats_special_tokens_is_a_clear_error():
@@ -51,22 +59,22 @@ def test_a_tokenizer_without_the_formats_special_tokens_is_a_clear_error():
     plain = AutoTokenizer.from_pretrained(str(embedded_dir() / "target"))
     plain.convert_tokens_to_ids = lambda t: plain.unk_token_id  # what HF answers for a missing token
     with pytest.raises(RequestError) as e:
-        tokenize(plain, pb.CompleteRequest(prefix="x = ", suffix="\n"), "qwen-fim")
+        tokenize(PromptTokenizer(plain), pb.CompleteRequest(prefix="x = ", suffix="\n"), "qwen-fim")
     assert "<|fim_prefix|>" in e.value.message and "preset" in e.value.message
 
 
-def test_plain_format_sends_the_prefix_only(tok):
+def test_plain_format_sends_the_prefix_only(tok, tokens):
     req = pb.CompleteRequest(prefix="x = ", suffix="\nprint(x)\n")
-    assert tokenize(tok, req, "plain") == tok.encode("x = ", add_special_tokens=False)
+    assert tokenize(tokens, req, "plain") == tok.encode("x = ", add_special_tokens=False)
 
 
-def test_prepare_defaults_and_clamps(tok, cfg):
-    p = prepare(pb.CompleteRequest(prefix="x = 1\n"), cfg, tok)
+def test_prepare_defaults_and_clamps(tok, tokens, cfg):
+    p = prepare(pb.CompleteRequest(prefix="x = 1\n"), cfg, tokens)
     assert p.sampling.max_tokens == cfg.limits.default_max_tokens
     assert p.sampling.temperature == 0.0 and p.sampling.top_p == 1.0
     assert p.latency_class == "inline" and p.request_id
     long = "y = 2\n" * 150
-    p = prepare(pb.CompleteRequest(prefix=long, max_tokens=500), cfg, tok)
+    p = prepare(pb.CompleteRequest(prefix=long, max_tokens=500), cfg, tokens)
     assert p.prompt_tokens + p.sampling.max_tokens <= cfg.max_model_len()
 
 
@@ -89,8 +97,38 @@ def test_prepare_defaults_and_clamps(tok, cfg):
         (pb.CompleteRequest(prefix="word " * 3000), "max_prompt_tokens"),
     ],
 )
-def test_bad_requests_name_the_field(tok, cfg, req, fragment):
+def test_bad_requests_name_the_field(tok, tokens, cfg, req, fragment):
     with pytest.raises(RequestError) as err:
-        prepare(req, cfg, tok)
+        prepare(req, cfg, tokens)
     assert err.value.code == "INVALID_ARGUMENT" and err.value.http_status == 400
     assert fragment in err.value.message
+
+
+SPECIALS = st.sampled_from(["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|file_sep|>", "<|im_start|>"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(), SPECIALS, st.sampled_from(["\n", "    ", "\t\r\n", "é漢字🙂", "\u200b"])), max_size=12))
+def test_prompt_tokenizer_gives_the_wrappers_ids(tok, tokens, parts):
+    """The Rust tokenizer called directly must give exactly the ids the
+    Hugging Face wrapper gives: user text with special-token strings kept as
+    text, raw prompts with them parsed."""
+    s = "".join(parts)
+    assert tokens.text(s) == tok.encode(s, add_special_tokens=False, split_special_tokens=True)
+    assert tokens.raw(s) == tok.encode(s, add_special_tokens=False)
+
+
+def test_prompt_tokenizer_falls_back_to_a_slow_tokenizers_encode(tok):
+    class Slow:  # no backend_tokenizer, as a Python-only tokenizer
+        unk_token, unk_token_id = tok.unk_token, tok.unk_token_id
+
+        def encode(self, s, **kw):
+            return tok.encode(s, **kw)
+
+        def convert_tokens_to_ids(self, t):
+            return tok.convert_tokens_to_ids(t)
+
+    slow = PromptTokenizer(Slow())
+    assert slow.text("a <|endoftext|>") == tok.encode("a <|endoftext|>", add_special_tokens=False, split_special_tokens=True)
+    assert slow.raw("<|endoftext|>") == [tok.convert_tokens_to_ids("<|endoftext|>")]
+    assert slow.special("<|fim_prefix|>") == tok.convert_tokens_to_ids("<|fim_prefix|>")

@@ -14,12 +14,14 @@ from quickdraft.server.config import load_config
 from quickdraft.server.engine import EngineSnapshot, SpecMode
 from quickdraft.server.engine_manager import EngineManager
 from quickdraft.server.presets import embedded_dir
+from quickdraft.server.prompt_tokens import PromptTokenizer
 from quickdraft.server.requests import RequestError
 from quickdraft.server.service import CompletionService, Timing, speculative_stats
 from quickdraft.server.telemetry import Telemetry
 from quickdraft.v1 import completion_pb2 as pb
 
 TOKENIZER = AutoTokenizer.from_pretrained(str(embedded_dir() / "target"))
+PROMPT_TOKENS = PromptTokenizer(TOKENIZER)
 
 
 @dataclass
@@ -32,6 +34,7 @@ class FakeEngine:
     unfinished: set = field(default_factory=set)
     dead: bool = False
     tokenizer: object = TOKENIZER
+    prompt_tokens: PromptTokenizer = PROMPT_TOKENS
     stop_token_ids: list[int] = field(default_factory=lambda: [0])
     snapshot: EngineSnapshot = field(default_factory=EngineSnapshot)
 

@@ -5,6 +5,8 @@
 #   scripts/h200/device.sh stash          # each call that carries .gpu/partN
 #   scripts/h200/device.sh start ARGS...  # last part: unpack, then start
 #                                         # `quickdraft tune ARGS` in the background
+#                                         # (ENTRY=quickdraft.bench.grpc_overhead: that
+#                                         # benchmark instead, with the same --config)
 #   scripts/h200/device.sh wait SECONDS   # later calls: wait for it, copy results to $OUT
 #
 # The tune run outlives one call (a call lasts 10 minutes at most) because it
@@ -16,6 +18,7 @@ SITE=/tmp/qd-site
 PKG=/tmp/qd-pkg
 RUN=/tmp/qd-run
 CONFIG=${CONFIG:-bench/gpu/h200-qwen3-coder-dummy.toml}
+ENTRY=${ENTRY:-quickdraft tune}
 mkdir -p "$PARTS" "$RUN"
 for d in .gpu/part*; do [ -d "$d" ] && cp "$d"/part* "$PARTS/"; done
 # Keep NVLink multicast off (the machine's rule), also for spawned workers.
@@ -34,12 +37,17 @@ unpack() {
     if [ -n "$want" ] && [ "$want" != "$got" ]; then echo "checksum mismatch: want $want" >&2; exit 2; fi
     rm -rf "$SITE" && mkdir -p "$SITE"
     cat "$PARTS"/part* | xz -dc -T0 | tar -x -C "$SITE" || exit 3
-    # quickdraft as its installed layout (pyproject maps the top-level folders into
-    # the package); run with python -P so the checkout's partial quickdraft/ does not shadow it.
+    touch "$SITE/.done"
+}
+
+# quickdraft as its installed layout (pyproject maps the top-level folders into
+# the package), from this call's checkout: every start, so an edit made between
+# two starts on a warm machine is what runs. Run with python -P so the
+# checkout's partial quickdraft/ does not shadow it.
+install_package() {
     rm -rf "$PKG" && mkdir -p "$PKG/quickdraft"
     cp -r quickdraft/. "$PKG/quickdraft/"
     for sub in server client lsp_bridge bench; do cp -r "$sub" "$PKG/quickdraft/$sub"; done
-    touch "$SITE/.done"
 }
 
 # Wheels found missing after packing travel in .gpu/extra and are unpacked over the site.
@@ -54,15 +62,17 @@ stash)
 start)
     shift
     unpack
+    install_package
     add_extras
-    export PYTHONPATH="$PKG:$SITE" PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
+    # PYTHONSAFEPATH: python -P for spawned Python processes too (benchmark clients).
+    export PYTHONPATH="$PKG:$SITE" PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
     python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))" || exit 4
-    pkill -f "quickdraft tune" && sleep 5
+    pkill -f "python3 -P -m $ENTRY" && sleep 5  # not "$ENTRY" alone: it matches this call's own command line
     [ -n "${SKIP_PREFLIGHT:-}" ] || python3 -P scripts/h200/preflight.py "$CONFIG" || exit 5
     rm -rf "$RUN"/done "$RUN"/rc "$RUN"/out && mkdir -p "$RUN"/out
     # Quote each argument again for the inner shell ("--configs 'parallel K=5,...'" has spaces).
     printf -v args ' %q' "$@"
-    setsid bash -c "python3 -P -m quickdraft tune --config $CONFIG$args > $RUN/log 2>&1; echo \$? > $RUN/rc; touch $RUN/done" < /dev/null &
+    setsid bash -c "python3 -P -m $ENTRY --config $CONFIG$args > $RUN/log 2>&1; echo \$? > $RUN/rc; touch $RUN/done" < /dev/null &
     sleep "${WAIT_FIRST:-60}"
     tail -c 4000 "$RUN/log"
     ;;

@@ -10,6 +10,7 @@ from functools import lru_cache
 from types import SimpleNamespace
 
 from quickdraft.server.engine import EngineSnapshot, SpecMode
+from quickdraft.server.prompt_tokens import PromptTokenizer
 
 
 @lru_cache(maxsize=1)
@@ -19,6 +20,11 @@ def embedded_tokenizer():
     from quickdraft.server.presets import embedded_dir
 
     return AutoTokenizer.from_pretrained(str(embedded_dir() / "target"))
+
+
+@lru_cache(maxsize=1)
+def embedded_prompt_tokens() -> PromptTokenizer:
+    return PromptTokenizer(embedded_tokenizer())
 
 
 @dataclass
@@ -33,6 +39,7 @@ class FakeEngine:
     drafter_cost: float = 0.05
     max_tokens: int | None = None  # None: the sampling's max_tokens
     tokenizer: object = field(default_factory=embedded_tokenizer)
+    prompt_tokens: PromptTokenizer = field(default_factory=embedded_prompt_tokens)
     stop_token_ids: list[int] = field(default_factory=lambda: [0])
     snapshot: EngineSnapshot = field(default_factory=EngineSnapshot)
     dead: bool = False

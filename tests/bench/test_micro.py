@@ -22,7 +22,7 @@ import pytest
 from quickdraft.bench.calibration import CHECKSUM, best_of, reference_workload
 from quickdraft.server.engine import SpecMode
 from quickdraft.v1 import completion_pb2 as pb
-from tests.bench.fakes import FakeEngine, embedded_tokenizer
+from tests.bench.fakes import FakeEngine, embedded_prompt_tokens, embedded_tokenizer
 
 RELAY_TOKENS = 256
 
@@ -71,8 +71,9 @@ def test_prepare_request(benchmark):
 
     cfg = load_config(env={})
     tok = embedded_tokenizer()
+    tokens = embedded_prompt_tokens()
     req = _fim_request()
-    prepared = timed(benchmark, lambda: prepare(req, cfg, tok))
+    prepared = timed(benchmark, lambda: prepare(req, cfg, tokens))
     vocab = tok.get_vocab()
     assert prepared.prompt_token_ids[0] == vocab[REPO_NAME]
     assert prepared.prompt_token_ids[-1] == vocab[FIM_MIDDLE]

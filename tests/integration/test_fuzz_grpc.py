@@ -75,7 +75,7 @@ def assert_contract(server, req: pb.CompleteRequest, outcome: str, detail) -> No
     if expected:
         assert any(f in detail for f in expected), f"{outcome} {detail!r} names none of {sorted(expected)}"
     else:
-        ids = tokenize(server.engine.tokenizer, req, server.cfg.preset.prompt_format)
+        ids = tokenize(server.engine.prompt_tokens, req, server.cfg.preset.prompt_format)
         assert ("max_prompt_tokens" in detail) if len(ids) > server.cfg.max_prompt_tokens() else (detail.startswith("prefix") and not ids), detail
 
 

@@ -29,6 +29,7 @@ from quickdraft.client import CompletionClient, RetryPolicy
 from quickdraft.server.config import ConfigError, load_config
 from quickdraft.server.engine import EngineSnapshot
 from quickdraft.server.presets import embedded_dir
+from quickdraft.server.prompt_tokens import PromptTokenizer
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.v1.completion_pb2_grpc import CompletionStub
 from tests.integration.conftest import LoopThread
@@ -50,6 +51,7 @@ class FakeEngine:
 
         self.mode = mode
         self.tokenizer = AutoTokenizer.from_pretrained(str(embedded_dir() / "target"))
+        self.prompt_tokens = PromptTokenizer(self.tokenizer)
         self.stop_token_ids = [0]
         self.snapshot = EngineSnapshot()
         self.dead = False

@@ -84,7 +84,7 @@ def test_vllm_runs_the_drafter_we_trained(server, runs, label):
     stop = set(server.engine.stop_token_ids)
     compared = 0
     for req, got in list(zip(requests(), runs[label]))[:4]:
-        ids = tokenize(tok, req, "qwen-fim")
+        ids = tokenize(server.engine.prompt_tokens, req, "qwen-fim")
         ref = speculative_greedy(target, drafter, ids, req.max_tokens, mode.k, mode.parallel, stop)
         ref_per_pos = [sum(1 for a in ref.accepted_per_step if a >= p) for p in range(1, mode.k + 1)]
         vllm_per_pos = list(got.final.speculative.accepted_per_position)
