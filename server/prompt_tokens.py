@@ -1,9 +1,9 @@
 """Rendered prompt segments to token ids: the last step before the engine.
 
 The Hugging Face tokenizer's Python wrapper costs about 0.1-0.2 ms per call
-on top of the Rust tokenizer it wraps (transformers 4.x, the embedded model's
-Qwen tokenizer, 2-core EPYC), and a FIM prompt makes two or three calls; on
-the serving path that is TTFT. ``PromptTokenizer`` is built once per engine
+on top of the Rust tokenizer it wraps (transformers 5.19, tokenizers 0.23,
+the embedded model's Qwen tokenizer, 2-core EPYC), and a FIM prompt makes two
+or three calls; on the serving path that is TTFT. ``PromptTokenizer`` is built once per engine
 and calls the Rust tokenizer directly, with the same ids (tested against the
 wrapper on random text).
 """
