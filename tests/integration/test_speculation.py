@@ -80,7 +80,6 @@ def test_vllm_runs_the_drafter_we_trained(server, runs, label):
     from pathlib import Path
 
     drafter = Eagle3Drafter.load(Path(cfg.drafter_path(mode.parallel)))
-    tok = server.engine.tokenizer
     stop = set(server.engine.stop_token_ids)
     compared = 0
     for req, got in list(zip(requests(), runs[label]))[:4]:
