@@ -25,14 +25,16 @@ class PromptTokenizer:
             return
         from tokenizers import Tokenizer
 
-        text = Tokenizer.from_str(backend.to_str())
+        # Own copies: the wrapper flips encode_special_tokens on its backend per call.
+        spec = backend.to_str()
+        text = Tokenizer.from_str(spec)
         if not hasattr(text, "encode_special_tokens"):  # tokenizers < 0.15
             return
         # User text never becomes a control token: "<|endoftext|>" typed in
         # code stays those characters (what split_special_tokens=True does).
         text.encode_special_tokens = True
         self._text = text
-        self._raw = Tokenizer.from_str(backend.to_str())
+        self._raw = Tokenizer.from_str(spec)
 
     def text(self, s: str) -> list[int]:
         """Ids of user text, special-token strings in it kept as text."""
