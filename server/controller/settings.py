@@ -104,6 +104,10 @@ class StepModelSettings:
     near its batch size, weighted by its precision against the fit's spread
     (direct measurements win over the global fit where they exist); cells
     with fewer effective (decayed) requests than this count proportionally less."""
+    drift_min_requests: int = 6
+    """Live requests a cell restored from a tuned profile needs before its live
+    median replaces the profile's value and measures the drift (live /
+    profile) by which cells known only from the profile are re-levelled."""
 
     def validate(self) -> None:
         _check(self.drafter_cost_ratio_autoregressive >= 0, "step_model.drafter_cost_ratio_autoregressive must be >= 0")
@@ -115,6 +119,7 @@ class StepModelSettings:
         _check(self.cell_weight_cap > 0, "step_model.cell_weight_cap must be > 0")
         _check(self.huber_k > 0, "step_model.huber_k must be > 0")
         _check(self.local_min_requests > 0, "step_model.local_min_requests must be > 0")
+        _check(self.drift_min_requests >= 1, "step_model.drift_min_requests must be >= 1")
 
 
 @dataclass

@@ -14,6 +14,18 @@ mode never measured still has a sensible prediction. Measurements are
 aggregated in cells (mode, K, batch bucket) holding the median of recent step
 times; a cell's residual also corrects predictions near it, so direct
 measurements win over the global fit where they exist.
+
+Cells restored from a tuned profile keep the profile's median as their
+``prior``. The profile was measured under another workload (``quickdraft
+tune``'s prompts and lengths) and often another machine state, so its levels
+are off while its ordering of configs holds: the phases benchmark saw speculation
+off at 8 streams take 1.64x the tune's step time. A cell with enough live
+requests, compared with what the profile alone predicts for its config and
+batch size, gives the *drift* (``live / profile``) there; cells known only
+from the profile are re-levelled by the drift measured near their batch size
+before the fit. Without this, the live
+measurement of the serving config is compared with profile-only predictions of
+the others, and the controller switches to whatever it has not run lately.
 """
 
 from __future__ import annotations
@@ -39,7 +51,8 @@ def features(mode: Mode, k: float, batch: float) -> list[float]:
 
 
 class _Cell:
-    __slots__ = ("mode", "k", "bucket", "n", "last_idx", "batch", "k_mean", "recent", "count")
+    __slots__ = ("mode", "k", "bucket", "n", "last_idx", "batch", "k_mean", "recent", "count",
+                 "prior", "live")
 
     def __init__(self, mode: Mode, k: int, bucket: int, recent: int) -> None:
         self.mode, self.k, self.bucket = mode, k, bucket
@@ -49,6 +62,10 @@ class _Cell:
         self.k_mean = 0.0
         self.recent: deque[float] = deque(maxlen=recent)
         self.count = 0
+        self.prior: float | None = None
+        """Median step time the profile restored into this cell (None: live only)."""
+        self.live = 0
+        """Step times observed since the restore (the newest entries of ``recent``)."""
 
     def weight(self, idx: int, gamma: float) -> float:
         return self.n * gamma ** (idx - self.last_idx)
@@ -79,6 +96,8 @@ class StepTimeModel:
         self._resid: dict | None = None
         self._cell_se: dict[tuple[Mode, int], list[tuple[int, float]]] = {}
         self._bucket_memo: dict[float, int] = {}
+        self._levels: dict[int, float] = {}
+        self._profile: StepTimeModel | None = None
 
     # -- updates -------------------------------------------------------------
     def bucket(self, batch: float) -> int:
@@ -106,6 +125,7 @@ class StepTimeModel:
         cell.batch += (max(1.0, obs.batch_size) - cell.batch) / cell.n
         cell.k_mean += (k_mean - cell.k_mean) / cell.n
         cell.recent.append(obs.step_time_s)
+        cell.live = min(cell.live + 1, len(cell.recent))
         cell.count += 1
         self._dirty = True
 
@@ -127,7 +147,8 @@ class StepTimeModel:
             self._fit = None
             return None
         s = self.s
-        ys = [median(c.recent) for c in cells]
+        self._levels = self._level(cells)
+        ys = [self._levels[id(c)] for c in cells]
         xs = [features(c.mode, c.k_mean, c.batch) for c in cells]
         base_w = [min(c.weight(self._idx, self._gamma), s.cell_weight_cap) for c in cells]
         total_w = sum(base_w)
@@ -182,6 +203,55 @@ class StepTimeModel:
                 break  # converged
         self._fit = StepFit(tuple(coef), sd, len(cells))
         return self._fit
+
+    def _level(self, cells: list[_Cell]) -> dict[int, float]:
+        """Each cell's step time for the fit: its live median once it has
+        ``drift_min_requests`` live requests, else its profile value times the
+        drift measured near its batch size, else the median of what it has."""
+        need = self.s.drift_min_requests
+        evidence = self._drift_evidence(cells)
+        out: dict[int, float] = {}
+        for c in cells:
+            if c.live >= need:
+                out[id(c)] = _live_median(c)
+            elif c.prior is not None:
+                out[id(c)] = c.prior * math.exp(self._drift_at(c.bucket, evidence))
+            else:
+                out[id(c)] = median(c.recent)
+        return out
+
+    def _drift_evidence(self, cells) -> list[tuple[int, float, float]]:
+        """(bucket, log(live / profile), weight) of cells with enough live
+        requests. The reference is what the profile alone predicts for the
+        cell's config and batch size, so a live cell counts even where the
+        tune measured another batch size (live batches spread over buckets;
+        the tune's sit at its concurrency levels)."""
+        if self._profile is None:
+            return []
+        need, cap = self.s.drift_min_requests, self.s.cell_weight_cap
+        out = []
+        for c in cells:
+            if c.live >= need:
+                ref = self._profile.predict(c.mode, c.k, c.batch)
+                if ref:
+                    out.append((c.bucket, math.log(_live_median(c) / ref), min(c.live, cap)))
+        return out
+
+    def _drift_at(self, bucket: int, evidence) -> float:
+        num = den = 0.0
+        for cb, r, w in evidence:
+            wk = w * math.exp(-2.0 * abs(cb - bucket) / self.s.buckets_per_doubling)
+            num += wk * r
+            den += wk
+        # full weight from drift_min_requests nearby live requests; shrunk
+        # toward no drift while the evidence is thinner or farther away
+        return (num / den) * min(1.0, den / self.s.drift_min_requests) if den > 0 else 0.0
+
+    def drift(self, batch: float) -> float:
+        """Live / profile step-time ratio applied near ``batch`` to cells known
+        only from the profile (1.0 without evidence)."""
+        evidence = self._drift_evidence([c for c in self._cells.values() if c.recent])
+        return math.exp(self._drift_at(self.bucket(batch), evidence))
 
     def _huber(self, xs, ys, coef) -> tuple[float, list[float]]:
         """Robust spread of relative residuals and the Huber weights they give."""
@@ -239,14 +309,15 @@ class StepTimeModel:
         self._cell_se = {}
         coef = self._fit.coef
         for c in self._cells.values():
-            if not c.recent:
+            med = self._levels.get(id(c))
+            if med is None:
                 continue
-            med = median(c.recent)
             pred = max(_dot(features(c.mode, c.k_mean, c.batch), coef), 1e-9)
             w = min(c.weight(self._idx, self._gamma), self.s.cell_weight_cap)
             out.setdefault((c.mode, c.k), []).append((c.bucket, med / pred - 1.0, w))
             # standard error of a median: 1.25 sigma / sqrt(n), sigma from the MAD
-            cv = 1.4826 * median([abs(v - med) for v in c.recent]) / med if len(c.recent) > 1 else 1.0
+            mid = median(c.recent)
+            cv = 1.4826 * median([abs(v - mid) for v in c.recent]) / mid if len(c.recent) > 1 else 1.0
             self._cell_se.setdefault((c.mode, c.k), []).append((c.bucket, 1.2533 * cv / math.sqrt(len(c.recent))))
         return out
 
@@ -299,6 +370,14 @@ class StepTimeModel:
         return {"cells": out}
 
     def load_dict(self, d: dict) -> None:
+        self._cells = self._cells_from(d)
+        self._dirty = True
+        # the profile on its own, frozen: the reference live cells are compared with
+        self._profile = StepTimeModel(self.s) if self._cells else None
+        if self._profile is not None:
+            self._profile._cells = self._cells_from(d)
+
+    def _cells_from(self, d: dict) -> dict[tuple[Mode, int, int], _Cell]:
         cells: dict[tuple[Mode, int, int], _Cell] = {}
         for e in d.get("cells", []):
             mode = e["mode"]
@@ -310,10 +389,14 @@ class StepTimeModel:
                 raise ValueError("step-time cell with negative weight or non-positive time")
             c.recent.extend(float(v) for v in e["recent"])
             c.count = int(e.get("count", 0))
+            c.prior = median(c.recent) if c.recent else None
             c.last_idx = self._idx
             cells[(c.mode, c.k, c.bucket)] = c
-        self._cells = cells
-        self._dirty = True
+        return cells
+
+
+def _live_median(c: _Cell) -> float:
+    return median(list(c.recent)[-c.live:])
 
 
 def _dot(x, c) -> float:

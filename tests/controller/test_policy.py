@@ -96,6 +96,31 @@ def test_unmeetable_slo_picks_the_least_violating():
     assert ttfts[cfg] == min(ttfts.values())
 
 
+def _scaled(cost, factor: float):
+    return dataclasses.replace(cost, **{f: getattr(cost, f) * factor for f in (
+        "base_s", "per_token_s", "ar_pass_s", "ar_pass_per_req_s", "par_pass_s", "par_per_slot_s")})
+
+
+def test_a_profile_measured_under_another_workload_does_not_pull_it_off_the_best():
+    """The tune's workload ran 1.6x faster steps than live traffic (the phases
+    benchmark saw this at 8 streams). Live off was then compared with the
+    profile's speculative configs and lost: off -> AR K=1 -> parallel K=1 ->
+    AR K=3 in two minutes, every switch wrong. Re-levelled by the drift that
+    off's own live/profile ratio shows, off stays, as it should at 16."""
+    st = ControllerSettings(exploration=ExplorationSettings(enabled=False))
+    tuned, _ = calibrated(SimulatedEngine(CPU_COST, SimAcceptance(), seed=0), st)
+    clock = FakeClock()
+    ctl = Controller(st, clock=clock)
+    ctl.restore(tuned.profile_dict())
+    ctl.activate(SpecConfig.off())
+    live = SimulatedEngine(_scaled(CPU_COST, 1.6), SimAcceptance(), seed=1)
+    assert live.best_static(CANDIDATES, 16) == SpecConfig.off()
+    tr = Harness(ctl, live, clock).run([Phase(16, 120)])
+    assert tr.switches == 0, [d.reason for d in tr.decisions if d.action != "hold"]
+    assert ctl.estimator.step.drift(16) == pytest.approx(1.6, rel=0.1)
+    assert ctl.recommend(16)[0] == SpecConfig.off()
+
+
 # -- stability ---------------------------------------------------------------
 
 TIE_COST = dataclasses.replace(CROSSING_COST, ar_pass_s=0.00076, noise=0.3)

@@ -92,3 +92,26 @@ def test_observe_does_not_refit():
     m.predict("parallel", 3, 2)
     m.predict("parallel", 5, 2)
     assert len(calls) == 2  # checked on each prediction; the work happens once (dirty flag)
+
+
+@pytest.mark.parametrize("live_batch", [8, 5.4])
+def test_profile_cells_are_relevelled_by_the_drift_live_traffic_shows(live_batch):
+    """A profile from another workload: every step 1.6x dearer live. Once off
+    has live requests, the configs known only from the profile are predicted
+    1.6x dearer near that batch size too, keeping the profile's ordering; also
+    where live batches fall between the tune's concurrency levels (5.4: the
+    phases benchmark's 8 streams, measured by the tune at exactly 8)."""
+    tune = StepTimeModel(StepModelSettings())
+    _feed(tune, SimulatedEngine(LINEAR, seed=6), [SpecConfig.off(), SpecConfig(False, 3), SpecConfig(True, 3)], [1, 8])
+    m = StepTimeModel(StepModelSettings())
+    m.load_dict(tune.to_dict())
+    before = {(mode, k): m.predict(mode, k, live_batch) for mode, k in (("autoregressive", 3), ("parallel", 3))}
+    assert m.drift(live_batch) == 1.0
+    slow = SimCost(**{f: getattr(LINEAR, f) * (1.6 if f.endswith("_s") else 1) for f in (
+        "base_s", "per_token_s", "ar_pass_s", "ar_pass_per_req_s", "par_pass_s", "par_per_slot_s", "noise")})
+    _feed(m, SimulatedEngine(slow, seed=7), [SpecConfig.off()], [live_batch], n=16)
+    assert m.drift(live_batch) == pytest.approx(1.6, rel=0.1)
+    assert m.drift(1) < m.drift(live_batch)  # evidence far from a batch size counts less
+    for key, was in before.items():
+        assert m.predict(*key, live_batch) == pytest.approx(1.6 * was, rel=0.1), key
+    assert m.predict("off", 0, live_batch) == pytest.approx(slow.step("off", 0, live_batch), rel=0.08)
