@@ -138,8 +138,10 @@ def make_request(
         file_path=workspace.relative_path(opened.path),
         repo_name=workspace.repo_name(opened.path),
         max_tokens=settings.max_tokens if shape.multiline else min(settings.max_tokens, settings.single_line_max_tokens),
-        # One line wanted: let the server stop at the line's end instead of streaming more.
-        stop=() if shape.multiline else ("\n",),
+        # One line wanted: let the server stop at the line's end instead of
+        # streaming more; on a blank line the Draft stops the stream instead,
+        # after the first line that is not blank (see postprocess._one_line).
+        stop=() if shape.multiline or shape.on_blank_line else ("\n",),
         latency_class="inline",
     )
     return request, shape

@@ -23,9 +23,9 @@ off at 8 streams take 1.64x the tune's step time. A cell with enough live
 requests, compared with what the profile alone predicts for its config and
 batch size, gives the *drift* (``live / profile``) there; cells known only
 from the profile are re-levelled by the drift measured near their batch size
-before the fit. Without this, the live
-measurement of the serving config is compared with profile-only predictions of
-the others, and the controller switches to whatever it has not run lately.
+before the fit. Without this, the live measurement of the serving config is
+compared with profile-only predictions of the others, and the controller
+switches to whatever it has not run lately.
 """
 
 from __future__ import annotations
@@ -316,9 +316,10 @@ class StepTimeModel:
             w = min(c.weight(self._idx, self._gamma), self.s.cell_weight_cap)
             out.setdefault((c.mode, c.k), []).append((c.bucket, med / pred - 1.0, w))
             # standard error of a median: 1.25 sigma / sqrt(n), sigma from the MAD
-            mid = median(c.recent)
-            cv = 1.4826 * median([abs(v - mid) for v in c.recent]) / mid if len(c.recent) > 1 else 1.0
-            self._cell_se.setdefault((c.mode, c.k), []).append((c.bucket, 1.2533 * cv / math.sqrt(len(c.recent))))
+            values = list(c.recent)[-c.live:] if c.live >= self.s.drift_min_requests else c.recent
+            mid = median(values)
+            cv = 1.4826 * median([abs(v - mid) for v in values]) / mid if len(values) > 1 else 1.0
+            self._cell_se.setdefault((c.mode, c.k), []).append((c.bucket, 1.2533 * cv / math.sqrt(len(values))))
         return out
 
     def relative_error(self, mode: Mode, k: int, batch: float) -> float:

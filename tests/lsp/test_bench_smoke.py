@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from quickdraft.bench import fim_quality, lsp_context, lsp_reparse
 
 
@@ -32,6 +34,7 @@ async def test_fim_quality_against_the_fake_server(tmp_path, fake_server):
         argparse.Namespace(
             server=fake_server.address, source_dir=str(src), tasks=6, seed=1, languages=None, max_tokens=16,
             budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, dry_run=False, json=str(out),
+            file_only=False,
         )
     )
     report = json.loads(out.read_text())
@@ -39,7 +42,10 @@ async def test_fim_quality_against_the_fake_server(tmp_path, fake_server):
     assert set(by_name) == {"tree-sitter", "plain window"}
     assert all(r["tasks"] == 6 and r["errors"] == 0 and 0 <= r["edit_similarity"] <= 1 for r in by_name.values())
     assert len(fake_server.fake.requests) == 12
-    assert all(list(r.stop) == ["\n"] and r.max_tokens == 16 for r in fake_server.fake.requests)
+    assert all(list(r.stop) == [] and r.max_tokens == 16 for r in fake_server.fake.requests)
+    assert {t["tree-sitter"] for t in report["tasks"]} == {"return x * 2"}  # the first line, cut client-side
+    paired = report["paired"]["edit_similarity_tree_sitter_minus_plain"]
+    assert paired["wins"] + paired["losses"] + paired["ties"] == 6
     assert report["budget_tokens"] == 1024  # from the server's limits
 
 
@@ -56,12 +62,14 @@ async def test_fim_quality_rebuilds_prompts_refused_as_too_long(tmp_path, fake_s
         argparse.Namespace(
             server=fake_server.address, source_dir=str(src), tasks=4, seed=3, languages=None, max_tokens=16,
             budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, dry_run=False, json=str(out),
+            file_only=True,
         )
     )
     rows = {r["condition"]: r for r in json.loads(out.read_text())["rows"]}
     assert all(r["errors"] == 0 for r in rows.values()), rows
     assert all(r["rebuilt_smaller"] >= 1 for r in rows.values()), rows
     assert fake.refused == sum(r["rebuilt_smaller"] for r in rows.values())
+    assert set(rows) == {"tree-sitter", "plain window", "tree-sitter, file only"}
 
 
 def test_edit_similarity():
@@ -69,3 +77,12 @@ def test_edit_similarity():
     assert fim_quality.edit_similarity("abc", "abd") == 1 - 1 / 3
     assert fim_quality.edit_similarity("", "xy") == 0.0
     assert fim_quality.edit_similarity("", "") == 1.0
+
+
+def test_paired_difference_says_when_a_win_is_clear():
+    from quickdraft.bench.fim_quality import paired_difference
+
+    clear = paired_difference([0.5, 0.6, 0.7] * 20, [0.4, 0.5, 0.6] * 20)
+    assert clear["mean"] == pytest.approx(0.1) and clear["ci95"][0] > 0 and clear["wins"] == 60
+    mixed = paired_difference([0.9, 0.1] * 30, [0.1, 0.9] * 30)
+    assert mixed["ci95"][0] < 0 < mixed["ci95"][1] and mixed["wins"] == mixed["losses"] == 30

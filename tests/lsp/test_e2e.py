@@ -221,3 +221,22 @@ async def test_context_from_open_documents_and_imported_files(editor, fake_serve
     assert "def unused" not in files["pkg/geometry.py"]
     assert "def clamp(value, low, high):" in files["util.py"]
     assert request.prefix == text
+
+
+async def test_a_blank_line_gets_the_line_after_a_leading_line_break(editor, fake_server):
+    """The model's answer starts with a line break (the blank line the cursor
+    is on): the editor gets the next line at the cursor, and the server was not
+    told to stop at the first line break (which would have ended it empty)."""
+    text = "def area(r):\n    x = r * r\n    \n    return x\n"
+    uri = editor.open("blank.py", text)
+    fake_server.fake.deltas = ["\n", "    y = x * 3.14\n", "    z = 1\n"]
+    result = await editor.inline(uri, position=types.Position(line=2, character=4))
+    assert texts(result) == ["y = x * 3.14"]
+    request = fake_server.fake.requests[-1]
+    assert list(request.stop) == []
+    # with text before the cursor, the line still ends at the first line break, server-side
+    uri2 = editor.open("typed.py", "def area(r):\n    x = \n    return x\n")
+    fake_server.fake.deltas = ["r * r\n", "more\n"]
+    result = await editor.inline(uri2, position=types.Position(line=1, character=8))
+    assert texts(result) == ["r * r"]
+    assert list(fake_server.fake.requests[-1].stop) == ["\n"]

@@ -164,10 +164,25 @@ def test_line_suffix_not_in_the_draft_is_kept():
 
 def test_empty_or_blank_drafts_give_nothing():
     assert Draft(_shape(False, "x = ")).result() is None
-    draft, _ = _run(_shape(False, "    "), ["\n  more"])
+    draft, _ = _run(_shape(False, "x = "), ["\n  more"])  # the line was left as it is
+    assert draft.result() is None
+    draft, _ = _run(_shape(False, "    "), ["\n", "   \n", "\n"])
     assert draft.result() is None
     draft, _ = _run(_shape(True, "    "), ["   \n", "\n"])
     assert draft.result() is None
+
+
+def test_on_a_blank_line_the_first_line_that_is_not_blank_is_the_completion():
+    """The model's leading line break is the blank line the cursor is on: the
+    next line, without its indentation, is what goes at the cursor, and the
+    stream stops once that line is complete (no server-side stop there)."""
+    draft, stopped = _run(_shape(False, "        "), ["\n", "\n        ", "return", " total\n", "x = 1"])
+    assert stopped == 3
+    assert draft.result() == Completion("return total")
+    draft, stopped = _run(_shape(False, "    "), ["\n    last(", "a"])  # the stream ended mid-line
+    assert stopped is None and draft.result() == Completion("last(a")
+    draft, _ = _run(_shape(False, "    "), ["  nested = 1\n"])  # no line break first: as written
+    assert draft.result() == Completion("  nested = 1")
 
 
 def test_max_lines_stops_a_runaway_block():
