@@ -176,6 +176,11 @@ class HysteresisSettings:
     slo_margin: float = 0.1
     """Leave a config for missing a TTFT SLO only when its predicted TTFT
     exceeds the limit by this fraction (entering requires meeting the limit)."""
+    load_horizon_s: float = 120.0
+    """How long a load is expected to last after a switch. A warm (standby)
+    engine is taken instead of building the predicted best when it serves
+    this horizon faster, counting the rebuild time (measured) during which
+    the active engine keeps serving."""
 
     def validate(self) -> None:
         _check(0 <= self.margin < 1, "hysteresis.margin must be a fraction in [0, 1)")
@@ -186,6 +191,7 @@ class HysteresisSettings:
                "hysteresis times must be >= 0")
         _check(self.pending_timeout_s > 0, "hysteresis.pending_timeout_s must be > 0")
         _check(self.failed_config_cooldown_s >= 0, "hysteresis.failed_config_cooldown_s must be >= 0")
+        _check(self.load_horizon_s > 0, "hysteresis.load_horizon_s must be > 0 seconds")
 
 
 @dataclass
