@@ -16,7 +16,9 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from quickdraft.server.config import load_config
@@ -33,8 +35,10 @@ log = logging.getLogger("quickdraft.tune")
 class EngineMeasure:
     """measure(config, concurrency) -> observations, reusing one engine per config."""
 
-    def __init__(self, cfg, prompts: list[dict], requests_per_level: int, max_tokens: int, warmup_rounds: int = 1):
+    def __init__(self, cfg, prompts: list[dict], requests_per_level: int, max_tokens: int, warmup_rounds: int = 1,
+                 on_engine_ready: Callable[[float], None] | None = None):
         self.cfg = cfg
+        self.on_engine_ready = on_engine_ready  # called with each engine's start time, seconds
         self.prompts = prompts
         self.requests = requests_per_level
         self.max_tokens = max_tokens
@@ -57,6 +61,8 @@ class EngineMeasure:
             await self._close_engine()
             self.engine = await Engine.start(self.cfg, mode)
             print(f"engine {mode.label()} ready in {self.engine.start_seconds:.1f} s", flush=True)
+            if self.on_engine_ready is not None:
+                self.on_engine_ready(self.engine.start_seconds)
         engine = self.engine
         sampling = Sampling(max_tokens=self.max_tokens, temperature=0.0, top_p=1.0, stop=[], seed=None).to_vllm(engine.stop_token_ids)
         ids = [
@@ -177,7 +183,15 @@ def run(args) -> int:
     key, store = profile_key(cfg), profile_store(cfg)
     ctl = Controller(controller_settings(cfg))
     configs = [SpecConfig.parse(c) for c in args.configs.split(",")] if args.configs else None
-    measure = EngineMeasure(cfg, load_prompts(48), args.requests, args.max_tokens, args.warmup_rounds)
+    starts: list[float] = []
+
+    def engine_ready(seconds: float) -> None:
+        # what a rebuild costs on this machine, saved with the profile
+        starts.append(seconds)
+        ctl.rebuild_s = statistics.median(starts)
+
+    measure = EngineMeasure(cfg, load_prompts(48), args.requests, args.max_tokens, args.warmup_rounds,
+                            on_engine_ready=engine_ready)
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     try:
         result = run_sweep(measure, controller=ctl, configs=configs, concurrencies=[int(c) for c in args.concurrency.split(",")], store=store, key=key, plot_path=args.plot)

@@ -80,7 +80,9 @@ class Controller:
         self._pending: Decision | None = None
         self._pending_since = now
         self.rebuild_s = st.exploration.rebuild_cost_s
-        """Seconds a rebuild takes here: the setting until one was measured, then a running mean."""
+        """Seconds a rebuild takes here: the setting until one was measured (by
+        ``quickdraft tune``, restored with the profile, or live), then a running mean."""
+        self._rebuild_measured = False
         self._streak_key: tuple | None = None
         self._streak_count = 0
         self._streak_since = now
@@ -162,7 +164,8 @@ class Controller:
             self.engine_rebuilds += 1
             took = now - self._pending_since
             if took > 0:
-                self.rebuild_s = took if self.engine_rebuilds == 1 else 0.5 * (self.rebuild_s + took)
+                self.rebuild_s = 0.5 * (self.rebuild_s + took) if self._rebuild_measured else took
+                self._rebuild_measured = True
         if decision.action == "explore" and self._probe is not None:
             self._probe.started_at = now
         elif decision.action == "switch" or decision.reason_code == "acceptance_collapse":
@@ -720,6 +723,7 @@ class Controller:
         self.estimator = fresh
         if isinstance(profile.get("rebuild_s"), (int, float)) and profile["rebuild_s"] > 0:
             self.rebuild_s = float(profile["rebuild_s"])  # measured on this hardware last time
+            self._rebuild_measured = True
         self._set_active(cfg, sched)
         self._last_good = (cfg, self._schedule)
 

@@ -394,3 +394,10 @@ def test_rebuild_time_is_measured_and_remembered():
     fresh = Controller(ctl.settings, clock=clock)
     fresh.restore(ctl.profile_dict())
     assert fresh.rebuild_s == pytest.approx(42.0)
+    # a later rebuild moves the estimate, it does not replace it
+    fresh.activate(SpecConfig.off())
+    d = _switch_after_dwell(fresh, clock, 1)
+    assert d.action == "switch"
+    clock.advance(20.0)
+    fresh.applied(d)
+    assert fresh.rebuild_s == pytest.approx(31.0)
