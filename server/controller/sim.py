@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from .observation import EngineSnapshot, LatencyClass, Observation
@@ -76,6 +76,11 @@ class SimCost:
     prefill_s: float = 0.02
     noise: float = 0.08
     """Log-normal sigma of a request's step time (and of its prefill)."""
+
+    def scaled(self, factor: float) -> "SimCost":
+        """Every cost times ``factor`` (another workload or machine state), same noise."""
+        return replace(self, **{f: getattr(self, f) * factor for f in (
+            "base_s", "per_token_s", "ar_pass_s", "ar_pass_per_req_s", "par_pass_s", "par_per_slot_s", "prefill_s")})
 
     def step(self, mode: Mode, k: int, batch: float) -> float:
         b = max(1.0, batch)

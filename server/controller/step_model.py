@@ -316,7 +316,7 @@ class StepTimeModel:
             w = min(c.weight(self._idx, self._gamma), self.s.cell_weight_cap)
             out.setdefault((c.mode, c.k), []).append((c.bucket, med / pred - 1.0, w))
             # standard error of a median: 1.25 sigma / sqrt(n), sigma from the MAD
-            values = list(c.recent)[-c.live:] if c.live >= self.s.drift_min_requests else c.recent
+            values = _live(c) if c.live >= self.s.drift_min_requests else c.recent
             mid = median(values)
             cv = 1.4826 * median([abs(v - mid) for v in values]) / mid if len(values) > 1 else 1.0
             self._cell_se.setdefault((c.mode, c.k), []).append((c.bucket, 1.2533 * cv / math.sqrt(len(values))))
@@ -396,8 +396,13 @@ class StepTimeModel:
         return cells
 
 
+def _live(c: _Cell) -> list[float]:
+    """Step times observed since the profile was restored (all, for a live-only cell)."""
+    return list(c.recent)[-c.live:] if c.live else []
+
+
 def _live_median(c: _Cell) -> float:
-    return median(list(c.recent)[-c.live:])
+    return median(_live(c))
 
 
 def _dot(x, c) -> float:

@@ -96,11 +96,6 @@ def test_unmeetable_slo_picks_the_least_violating():
     assert ttfts[cfg] == min(ttfts.values())
 
 
-def _scaled(cost, factor: float):
-    return dataclasses.replace(cost, **{f: getattr(cost, f) * factor for f in (
-        "base_s", "per_token_s", "ar_pass_s", "ar_pass_per_req_s", "par_pass_s", "par_per_slot_s")})
-
-
 def test_a_profile_measured_under_another_workload_does_not_pull_it_off_the_best():
     """The tune's workload ran 1.6x faster steps than live traffic (the phases
     benchmark saw this at 8 streams). Live off was then compared with the
@@ -113,7 +108,7 @@ def test_a_profile_measured_under_another_workload_does_not_pull_it_off_the_best
     ctl = Controller(st, clock=clock)
     ctl.restore(tuned.profile_dict())
     ctl.activate(SpecConfig.off())
-    live = SimulatedEngine(_scaled(CPU_COST, 1.6), SimAcceptance(), seed=1)
+    live = SimulatedEngine(CPU_COST.scaled(1.6), SimAcceptance(), seed=1)
     assert live.best_static(CANDIDATES, 16) == SpecConfig.off()
     tr = Harness(ctl, live, clock).run([Phase(16, 120)])
     assert tr.switches == 0, [d.reason for d in tr.decisions if d.action != "hold"]

@@ -107,8 +107,7 @@ def test_profile_cells_are_relevelled_by_the_drift_live_traffic_shows(live_batch
     m.load_dict(tune.to_dict())
     before = {(mode, k): m.predict(mode, k, live_batch) for mode, k in (("autoregressive", 3), ("parallel", 3))}
     assert m.drift(live_batch) == 1.0
-    slow = SimCost(**{f: getattr(LINEAR, f) * (1.6 if f.endswith("_s") else 1) for f in (
-        "base_s", "per_token_s", "ar_pass_s", "ar_pass_per_req_s", "par_pass_s", "par_per_slot_s", "noise")})
+    slow = LINEAR.scaled(1.6)
     _feed(m, SimulatedEngine(slow, seed=7), [SpecConfig.off()], [live_batch], n=16)
     assert m.drift(live_batch) == pytest.approx(1.6, rel=0.1)
     assert m.drift(1) < m.drift(live_batch)  # evidence far from a batch size counts less
