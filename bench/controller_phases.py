@@ -95,6 +95,10 @@ class PhasesSpec:
     state_every_s: float = 10.0  # GetControllerState, besides the reads at every phase boundary
     preset: str | None = None
     overrides: dict[str, str] = field(default_factory=dict)
+    # Rounds: every config measured this many times, the order reversed every
+    # other round (so a slow drift of the machine hits all alike); the verdicts
+    # pool each config's requests over its rounds and show each round's figure.
+    rounds: int = 1
 
     def validate(self) -> None:
         if not self.concurrency or any(not 1 <= c <= 256 for c in self.concurrency):
@@ -109,6 +113,8 @@ class PhasesSpec:
             raise ValueError("warm-ups cannot be negative")
         if self.poll_s <= 0 or self.state_every_s <= 0:
             raise ValueError("poll intervals must be positive")
+        if not 1 <= self.rounds <= 10:
+            raise ValueError(f"--rounds {self.rounds}: must be within 1..10")
 
 
 # --- the phases ---------------------------------------------------------------------
@@ -564,10 +570,48 @@ def _rel(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4)
 
 
+Rounds = list[tuple[dict, "list[Req] | None"]]
+
+
+def by_config(runs: Sequence[dict]) -> list[tuple[dict, list[Req] | None, Rounds]]:
+    """Runs grouped by config label, in first-seen order: (its first run, the
+    requests of all its rounds pooled, each round's (run, requests)). Pooled is
+    None when a round has figures only (loaded from a sweep)."""
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(r["label"], []).append(r)
+    out = []
+    for rs in groups.values():
+        rounds = [(r, reqs_of(r)) for r in rs]
+        pooled = None if any(q is None for _, q in rounds) else [x for _, q in rounds for x in q]
+        out.append((rs[0], pooled, rounds))
+    return out
+
+
+def combine_accounting(accs: Sequence[dict]) -> dict:
+    """Rebuild accounting of several controller rounds, summed."""
+    if len(accs) == 1:
+        return accs[0]
+    total = lambda key: None if any(a[key] is None for a in accs) else sum(a[key] for a in accs)  # noqa: E731
+    per_phase = []
+    for rows in zip(*(a["per_phase"] for a in accs)):
+        per_phase.append({"phase": rows[0]["phase"], **{k: None if any(r[k] is None for r in rows) else sum(r[k] for r in rows)
+                                                         for k in ("engine_rebuilds", "switch_decisions", "failed", "failed_during_rebuilds")}})
+    return {
+        "engine_rebuilds": total("engine_rebuilds"), "source": accs[0]["source"] + f", summed over {len(accs)} rounds",
+        "switches_in_warmup": total("switches_in_warmup"), "per_phase": per_phase,
+        "windows": [dict(w, round=i + 1) for i, a in enumerate(accs) for w in a["windows"]],
+        "failed": total("failed"), "failed_during_rebuilds": total("failed_during_rebuilds"),
+        "failed_during_rebuilds_examples": sorted({e for a in accs for e in a["failed_during_rebuilds_examples"]})[:5],
+    }
+
+
 def verdicts(runs: Sequence[dict], phases: Sequence[Phase], settle_s: float, tolerance: float, seed: str = SEED_CONFIG) -> dict:
-    statics = [(r, reqs_of(r)) for r in runs if r.get("mode") in STATIC_MODES and r.get("phases") and not r.get("error")]
-    ctl_run = next((r for r in runs if r.get("mode") == "controller" and r.get("phases") and not r.get("error")), None)
-    ctl = None if ctl_run is None else (ctl_run, reqs_of(ctl_run))
+    groups = by_config([r for r in runs if r.get("phases") and not r.get("error")])
+    statics = [(r, q) for r, q, _ in groups if r.get("mode") in STATIC_MODES]
+    static_rounds = {r["label"]: rounds for r, _, rounds in groups if r.get("mode") in STATIC_MODES}
+    ctl_group = next((g for g in groups if g[0].get("mode") == "controller"), None)
+    ctl = None if ctl_group is None else ctl_group[:2]
     seed_run = next(((r, q) for r, q in statics if r["label"] == seed), None)
     rows = []
     for p in phases:
@@ -598,10 +642,16 @@ def verdicts(runs: Sequence[dict], phases: Sequence[Phase], settle_s: float, tol
             if seed_run is not None:
                 row["controller_vs_seed"] = _rel(c_s, row["seed_tpot_ms"])
                 row["controller_vs_seed_whole"] = _rel(c_w, row["seed_tpot_ms_whole"])
+            if len(ctl_group[2]) > 1 and b_s is not None:
+                # Round by round (round i of each config ran close in time): the spread is the machine's noise.
+                ctl_r = [tpot_in(r, p, settle_s, q) for r, q in ctl_group[2]]
+                best_r = [tpot_in(r, p, settle_s, q) for r, q in static_rounds[b_s["label"]]]
+                row["rounds"] = {"controller_tpot_ms": [_round(x) for x in ctl_r], "best_static_tpot_ms": [_round(x) for x in best_r],
+                                 "regret": [None if _rel(c, b) is None else round(_rel(c, b) - 1, 4) for c, b in zip(ctl_r, best_r)]}
         rows.append(row)
     out: dict = {"tolerance": tolerance, "settle_s": settle_s, "seed_config": seed, "statics": [r["label"] for r, _ in statics], "phases": rows}
     if ctl is not None:
-        acc = rebuild_accounting(ctl_run, phases)
+        acc = combine_accounting([rebuild_accounting(r, phases) for r, _ in ctl_group[2]])
         out["controller"] = acc
         measured = [r for r in rows]
         all_within = all(r["within_tolerance"] for r in measured) if measured and all(r["within_tolerance"] is not None for r in measured) else None
@@ -691,9 +741,12 @@ class SubprocessLauncher:
     def __init__(self, spec: PhasesSpec, log_dir: Path):
         self.spec = spec
         self.log_dir = log_dir
+        self.started: dict[str, int] = {}
 
     def create(self, conf: SweepConfig, overrides: dict[str, str]) -> Started:
-        s = servers.quickdraft_server(conf.label, {**self.spec.overrides, **dict(conf.overrides), **overrides}, self.log_dir, preset=self.spec.preset)
+        n = self.started[conf.label] = self.started.get(conf.label, 0) + 1
+        name = conf.label if n == 1 else f"{conf.label}.{n}"  # one log per server, rounds included
+        s = servers.quickdraft_server(name, {**self.spec.overrides, **dict(conf.overrides), **overrides}, self.log_dir, preset=self.spec.preset)
         return Started(argv=s.argv, log_path=str(s.log_path), address=f"127.0.0.1:{s.port}", obj=s)
 
     async def launch(self, h: Started) -> None:
@@ -847,44 +900,54 @@ def run_bench(spec: PhasesSpec, wspec: WorkloadSpec, out: Path, show_progress: b
             doc["runs"].append({"label": "controller", "mode": "controller", "k": None, "phases": [], "skipped": why})
             continue
         confs.append(known[label])
-    profile_dir = None
-    if any(c.mode == "controller" for c in confs):
-        # A fresh profile directory: the controller starts cold (or from copies of --controller-profile-dir's
-        # profiles) and writes nothing into the user's cache or that directory.
-        profile_dir = tempfile.mkdtemp(prefix="controller-profile-", dir=out)
+    src = None
+    if spec.controller_profile_dir and any(c.mode == "controller" for c in confs):
+        src = Path(spec.controller_profile_dir).expanduser()
+        if not src.is_dir():
+            raise ValueError(f"--controller-profile-dir {src}: not a directory")
+
+    def fresh_profile_dir() -> str:
+        # The controller starts cold (or from copies of --controller-profile-dir's profiles), every
+        # round alike, and writes nothing into the user's cache or that directory.
+        d = tempfile.mkdtemp(prefix="controller-profile-", dir=out)
         copied = []
-        if spec.controller_profile_dir:
-            src = Path(spec.controller_profile_dir).expanduser()
-            if not src.is_dir():
-                raise ValueError(f"--controller-profile-dir {src}: not a directory")
-            for f in sorted(src.glob("*.json")):
-                shutil.copy2(f, profile_dir)
-                copied.append(f.name)
-        doc["controller_profile"] = {"dir": profile_dir, "fresh": not spec.controller_profile_dir,
-                                     "copied_from": spec.controller_profile_dir, "files": copied}
+        for f in sorted(src.glob("*.json")) if src else ():
+            shutil.copy2(f, d)
+            copied.append(f.name)
+        doc["controller_profile"] = {"dir": d, "fresh": src is None, "copied_from": spec.controller_profile_dir, "files": copied}
+        return d
+
     launcher = launcher or SubprocessLauncher(spec, out / "logs")
-    total = sum(len(spec.concurrency) * spec.phase_seconds + (spec.controller_warmup_s if c.mode == "controller" else 0) for c in confs)
+    total = spec.rounds * sum(len(spec.concurrency) * spec.phase_seconds + (spec.controller_warmup_s if c.mode == "controller" else 0) for c in confs)
     ui = Progress(total, show_progress)
     t0 = time.time()
     try:
-        for conf in confs:
-            row = asyncio.run(measure_config(conf, spec, workload, launcher, ui, profile_dir))
-            doc["runs"].append(row)
-            doc["wall_s"] = round(time.time() - t0, 1)
-            report.write_json(out / "phases.json", doc)
+        for rnd in range(spec.rounds):
+            for conf in confs if rnd % 2 == 0 else confs[::-1]:
+                profile_dir = fresh_profile_dir() if conf.mode == "controller" else None
+                row = asyncio.run(measure_config(conf, spec, workload, launcher, ui, profile_dir))
+                if spec.rounds > 1:
+                    row["round"] = rnd + 1
+                doc["runs"].append(row)
+                doc["wall_s"] = round(time.time() - t0, 1)
+                report.write_json(out / "phases.json", doc)
     finally:
         ui.close()
     measured = {r["label"] for r in doc["runs"] if r.get("phases")}
+    taken_from: dict[str, str] = {}  # label -> the file its runs come from (all its rounds there)
     for r in loaded:
         if r["label"] in measured:
             doc["notes"].append(f"{r['label']}: measured in this run; the one from {r['source']} is left out")
             continue
-        measured.add(r["label"])
+        if taken_from.setdefault(r["label"], r["source"]) != r["source"]:
+            continue  # an earlier file has this config
         doc["runs"].append(r)
     doc["machine_at_end"] = report.machine()
     doc["verdicts"] = verdicts(doc["runs"], phases, spec.settle_s, spec.tolerance, spec.seed_config)
     doc["notes"].append("Configs ran one after another, each on a freshly started server; machine noise between them is not averaged out "
-                        "(load averages before and after each are in phases.json).")
+                        "(load averages before and after each are in phases.json)." if spec.rounds == 1 else
+                        f"Configs ran one after another, each on a freshly started server, in {spec.rounds} rounds (order reversed every other "
+                        "round); a config's figures pool its requests over the rounds, and the per-round figures show the machine's noise.")
     report.write_json(out / "phases.json", doc)
     (out / "phases.md").write_text(markdown(doc))
     plot(doc, out / "phases.png")
@@ -965,6 +1028,12 @@ def markdown(doc: dict) -> str:
                          f"| {_yes(r['within_tolerance'])} | {_fmt(r['reached_s'], 0, ' s') if r['reached_s'] is not None else '-'} "
                          f"| {_fmt(r['seed_tpot_ms'])} | {_fmt(r['controller_vs_seed'], 3, 'x')} | {_fmt(r['controller_vs_seed_whole'], 3, 'x')} |")
         lines.append("")
+        per_round = [r for r in v["phases"] if r.get("rounds")]
+        if per_round:
+            lines += ["Round by round (the controller's round i against the same best static config's round i, settled): "
+                      + "; ".join(f"phase {r['phase'] + 1}: " + ", ".join(
+                          f"{_fmt(c)} vs {_fmt(b)} ms ({_pct(g)})" for c, b, g in
+                          zip(r["rounds"]["controller_tpot_ms"], r["rounds"]["best_static_tpot_ms"], r["rounds"]["regret"])) for r in per_round) + ".", ""]
     head = " | ".join(f"phase {p.index + 1}: {_streams(p.concurrency)}" for p in phases)
     lines += ["## Every config: token-weighted TPOT ms per phase (settled / whole), requests done / failed", "",
               f"| config | {head} | source |", "|---|" + "---|" * len(phases) + "---|"]
@@ -981,12 +1050,12 @@ def markdown(doc: dict) -> str:
             s, wh = ph["settled"] or {}, ph["whole"]
             cell = f"{_fmt(s.get('tpot_ms_token_weighted'))} / {_fmt(wh.get('tpot_ms_token_weighted'))} ({wh.get('completed', '-')} / {wh.get('failed', '-')})"
             cells.append(f"**{cell}**" if best.get(p.index) == run["label"] else cell)
-        lines.append(f"| {run['label']} | {' | '.join(cells)} | {run.get('source', 'this run')} |")
+        name = run["label"] + (f" (round {run['round']})" if run.get("round") else "")
+        lines.append(f"| {name} | {' | '.join(cells)} | {run.get('source', 'this run')} |")
     lines += ["", "Bold: the best static config of the phase (settled).", ""]
-    ctl = next((r for r in doc["runs"] if r.get("mode") == "controller" and r.get("server")), None)
-    if ctl is not None:
+    for ctl in [r for r in doc["runs"] if r.get("mode") == "controller" and r.get("server")]:
         decisions = [d for d in ctl["server"]["decisions"] if d["action"] != "hold"]
-        lines += ["## The controller's engine switches", ""]
+        lines += ["## The controller's engine switches" + (f" (round {ctl['round']})" if ctl.get("round") else ""), ""]
         if decisions:
             lines += ["| t (s) | phase | action | from → to | reason |", "|---|---|---|---|---|"]
             for d in decisions:
@@ -995,9 +1064,10 @@ def markdown(doc: dict) -> str:
         else:
             lines.append("None: the controller kept its start config throughout.")
         acc = (v.get("controller") or {})
-        if acc.get("windows"):
+        windows = [x for x in acc.get("windows") or [] if x.get("round") == ctl.get("round")]
+        if windows:
             lines += ["", "Rebuild windows (decision → first poll that found the server serving again): "
-                      + "; ".join(f"{x['start_s']:.1f}-{x['end_s']:.1f} s ({x['from']} → {x['to']})" for x in acc["windows"]) + "."]
+                      + "; ".join(f"{x['start_s']:.1f}-{x['end_s']:.1f} s ({x['from']} → {x['to']})" for x in windows) + "."]
         if ctl["server"].get("errors"):
             lines += ["", "Polling errors: " + "; ".join(ctl["server"]["errors"][:5])]
         lines.append("")
@@ -1116,6 +1186,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="static configs' figures from an earlier phases.json or sweep.json (repeatable; a config measured in this "
                          "run wins, then the first file that has it)")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up requests per server (default 3)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every config this many times, the order reversed every other round; figures pool the rounds, "
+                         "and the report shows each round's (default 1)")
     ap.add_argument("--poll-seconds", type=float, default=1.0, help="GetServerInfo poll interval, every server alike (default 1)")
     ap.add_argument("--preset", help="model preset (default embedded)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config override for every server (repeatable)")
@@ -1143,7 +1216,7 @@ def spec_from_args(args: argparse.Namespace) -> PhasesSpec:
     return PhasesSpec(configs=configs, concurrency=list(args.phases), phase_seconds=args.phase_seconds, settle_s=args.settle_seconds,
                       tolerance=args.tolerance, warmup_requests=args.warmup, controller_warmup_s=args.controller_warmup,
                       controller_profile_dir=args.controller_profile_dir, statics_from=list(args.statics_from), poll_s=args.poll_seconds,
-                      preset=args.preset, overrides=_overrides(args.set))
+                      preset=args.preset, overrides=_overrides(args.set), rounds=args.rounds)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,7 +39,7 @@ from quickdraft.bench.lsp_common import report
 from quickdraft.client import build_request
 from quickdraft.lsp_bridge.backend import UP, Backend, BackendConfig, Outcome
 from quickdraft.lsp_bridge.completer import make_request
-from quickdraft.lsp_bridge.context import SUFFIX_SHARE, Budget, ContextEngine
+from quickdraft.lsp_bridge.context import SUFFIX_SHARE, Budget, ContextEngine, from_line_start
 from quickdraft.lsp_bridge.languages import canonical_id
 from quickdraft.lsp_bridge.postprocess import Draft, Shape
 from quickdraft.lsp_bridge.settings import Settings
@@ -143,9 +143,12 @@ def tree_sitter_request(task: Task, root: str, files, budget: Budget, settings: 
 def plain_request(task: Task, root: str, budget: Budget, settings: Settings) -> pb.CompleteRequest:
     suffix_chars = int(budget.chars * SUFFIX_SHARE)
     prefix_chars = budget.chars - min(suffix_chars, len(task.after))
+    prefix, suffix = task.before[-prefix_chars:] if prefix_chars > 0 else "", task.after[:suffix_chars]
+    if settings.blank_line_from_line_start:  # the same cursor rendering as the bridge's
+        prefix, suffix = from_line_start(prefix, suffix) or (prefix, suffix)
     return build_request(
-        prefix=task.before[-prefix_chars:] if prefix_chars > 0 else "",
-        suffix=task.after[:suffix_chars],
+        prefix=prefix,
+        suffix=suffix,
         language_id=task.language,
         file_path=os.path.relpath(task.path, root).replace(os.sep, "/"),
         repo_name=os.path.basename(os.path.abspath(root)),
@@ -218,7 +221,7 @@ async def run(args: argparse.Namespace) -> dict:
             if args.chars_per_token:
                 backend.ratio.announced = args.chars_per_token
         budget = next(iter(backends.values())).budget
-    settings = Settings()
+    settings = Settings(blank_line_from_line_start=not args.blank_line_at_cursor)
     conditions = {name: [] for name in builders}
     prompt_chars = {name: [] for name in conditions}
     context_files = {name: [] for name in conditions}
@@ -238,7 +241,8 @@ async def run(args: argparse.Namespace) -> dict:
             indent = task.before[task.before.rfind("\n") + 1 :]
 
             def sized_request(b: Budget, build=build, drafts=drafts, indent=indent):
-                drafts.append(Draft(Shape(False, indent, "")))
+                # every task's cursor is on a blank line: the setting decides the rendering
+                drafts.append(Draft(Shape(False, indent, "", from_line_start=settings.blank_line_from_line_start)))
                 return _single_line(build(task, b), args.max_tokens), drafts[-1].feed
 
             sized = await backend.complete_within_budget(sized_request, document=task.path, language=task.language)
@@ -279,7 +283,8 @@ async def run(args: argparse.Namespace) -> dict:
             paired["edit_similarity_file_only_minus_plain"] = paired_difference(sims["tree-sitter, file only"], sims["plain window"], seed=args.seed)
     report(
         f"FIM first-line quality, {len(tasks)} tasks from {root} (budget {budget.tokens} tokens)"
-        + (" [dry run: prompts only]" if args.dry_run else f" against {args.server}"),
+        + (" [dry run: prompts only]" if args.dry_run else f" against {args.server}")
+        + ("; blank lines rendered at the cursor" if args.blank_line_at_cursor else ""),
         rows,
         [
             ("condition", "condition"),
@@ -292,7 +297,8 @@ async def run(args: argparse.Namespace) -> dict:
             ("rebuilt_smaller", "rebuilt smaller"),
         ],
         args.json,
-        {"server": args.server, "source_dir": root, "budget_tokens": budget.tokens, "paired": paired, "tasks": per_task},
+        {"server": args.server, "source_dir": root, "budget_tokens": budget.tokens,
+         "blank_line_from_line_start": settings.blank_line_from_line_start, "paired": paired, "tasks": per_task},
     )
     for key, p in paired.items():
         print(f"\n{key.replace('_', ' ')}, paired by task: {p['mean']:+.4f} "
@@ -316,6 +322,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dry-run", action="store_true", help="build the prompts, ask no server")
     parser.add_argument("--file-only", action="store_true",
                         help="add a third condition: the bridge's prompt without repository context")
+    parser.add_argument("--blank-line-at-cursor", action="store_true",
+                        help="both conditions: send the prompt cut at the cursor, after the blank line's indentation "
+                             "(the bridge's blankLineFromLineStart=false) instead of from the line's start")
     parser.add_argument("--json", default="fim_quality.json")
     return asyncio.run(run(parser.parse_args(argv)))
 

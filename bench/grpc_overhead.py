@@ -50,6 +50,8 @@ class Measured:
     tpot_s: float | None
     tokens: int
     histogram: list[int] | None = None
+    server_ttft_s: float | None = None  # gRPC paths: the TTFT the server measured (final.ttft_ms)
+    first_token_s: float | None = None  # in-process paths: to the first token, text or not (as the server times it)
 
 
 async def direct(engine, prompt: list[int] | str, sampling, rid: str) -> Measured:
@@ -66,17 +68,21 @@ async def direct(engine, prompt: list[int] | str, sampling, rid: str) -> Measure
     first = last = None
     n = 0
     histogram = None
+    first_token = None
     stream = engine.generate(rid, prompt, sampling) if isinstance(prompt, list) else engine.llm.generate(prompt, sampling, rid)
     async for out in stream:
         c = out.outputs[0]
         n += len(c.token_ids)
+        if first_token is None and c.token_ids:
+            first_token = time.perf_counter()
         if c.text:
             now = time.perf_counter()
             first = first or now
             last = now
         if c.finish_reason is not None and getattr(c, "spec_decode_metrics", None) is not None:
             histogram = list(c.spec_decode_metrics.histogram)
-    return Measured((first or time.perf_counter()) - t0, _tpot(first, last, n), n, histogram)
+    return Measured((first or time.perf_counter()) - t0, _tpot(first, last, n), n, histogram,
+                    first_token_s=None if first_token is None else first_token - t0)
 
 
 def via_grpc(client, req) -> Measured:
@@ -90,7 +96,7 @@ def via_grpc(client, req) -> Measured:
         last = now
     n = stream.final.completion_tokens
     # Text deltas arrive per engine step, like the direct path's outputs.
-    return Measured((first or time.perf_counter()) - t0, _tpot(first, last, n), n)
+    return Measured((first or time.perf_counter()) - t0, _tpot(first, last, n), n, server_ttft_s=stream.final.ttft_ms / 1000)
 
 
 def _tpot(first: float | None, last: float | None, tokens: int) -> float | None:
@@ -109,7 +115,7 @@ def client_process(target: str, max_tokens: int, n_prompts: int) -> int:
     with CompletionClient(target, timeout=120) as client:
         for line in sys.stdin:
             m = via_grpc(client, reqs[int(line)])
-            print(json.dumps({"ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "tokens": m.tokens}), flush=True)
+            print(json.dumps({"ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "tokens": m.tokens, "server_ttft_s": m.server_ttft_s}), flush=True)
     return 0
 
 
@@ -128,7 +134,7 @@ class ClientProcess:
         if not line:
             raise RuntimeError(f"the client process ended (exit {self.proc.poll()})")
         d = json.loads(line)
-        return Measured(d["ttft_s"], d["tpot_s"], d["tokens"])
+        return Measured(d["ttft_s"], d["tpot_s"], d["tokens"], server_ttft_s=d["server_ttft_s"])
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -168,6 +174,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--out", type=Path, default=Path("bench/results/grpc_overhead"))
     ap.add_argument("--config", help="quickdraft TOML config of the engine (default: the embedded preset)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="a config override, as quickdraft serve --set (e.g. speculation.num_speculative_tokens=3)")
     ap.add_argument("--client-of", metavar="HOST:PORT", help=argparse.SUPPRESS)  # the client process's own mode
     args = ap.parse_args(argv)
     n_prompts = max(1, args.requests // 2)
@@ -181,7 +189,8 @@ def main(argv=None) -> int:
     from quickdraft.prompt_format import CodeContext, render
     from quickdraft.server.requests import Sampling, tokenize
 
-    cfg = load_config(args.config, env={}, overrides={"server.port": 0, "telemetry.metrics_port": 0})
+    overrides = dict(kv.split("=", 1) for kv in args.set)
+    cfg = load_config(args.config, env={}, overrides={**overrides, "server.port": 0, "telemetry.metrics_port": 0})
     cfg.validate()
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -197,7 +206,7 @@ def main(argv=None) -> int:
     sampling = Sampling(max_tokens=args.max_tokens, temperature=0.0, top_p=1.0, stop=[], seed=None).to_vllm(engine.stop_token_ids)
 
     paths = ("direct", "direct_ids", "grpc", "grpc_in_process")
-    results = {p: {"ttft": [], "tpot": []} for p in paths}
+    results = {p: {"ttft": [], "tpot": [], "server_ttft": [], "first_token": []} for p in paths}
     remote = ClientProcess(f"127.0.0.1:{server.port}", args.max_tokens, n_prompts)
     try:
         with CompletionClient(f"127.0.0.1:{server.port}", timeout=120) as client:
@@ -215,6 +224,8 @@ def main(argv=None) -> int:
                 for path in paths[i % len(paths):] + paths[: i % len(paths)]:
                     m = call[path](i, j)
                     results[path]["ttft"].append(m.ttft_s)
+                    results[path]["server_ttft"].append(m.server_ttft_s)
+                    results[path]["first_token"].append(m.first_token_s)
                     # None keeps rounds aligned across paths for the paired ratio
                     results[path]["tpot"].append(m.tpot_s if m.tpot_s is not None and m.tokens >= 4 else None)
     finally:
@@ -234,6 +245,21 @@ def main(argv=None) -> int:
     def tpot_ratio_of_medians(path: str, base: str = "direct") -> float:
         return statistics.median(tpots(path)) / statistics.median(tpots(base))
 
+    def breakdown(path: str) -> dict:
+        """Where a gRPC path's added TTFT goes, paired per round: inside the
+        server (from the handler's start to the engine's first token, minus
+        the pre-tokenized in-process time to the first token) and outside it
+        (both gRPC stacks, loopback, the client: the caller's TTFT minus the
+        server's). Meaningful with trained weights only: the caller's clock
+        stops at the first text, the server's at the first token, and random
+        weights make many tokens without text."""
+        server = results[path]["server_ttft"]
+        return {
+            "server_ttft_p50_ms": 1000 * statistics.median(server),
+            "in_server_vs_direct_ids_ms": 1000 * statistics.median(s - b for s, b in zip(server, results["direct_ids"]["first_token"])),
+            "outside_server_ms": 1000 * statistics.median(c - s for c, s in zip(results[path]["ttft"], server)),
+        }
+
     ttft_p50_delta_ms = added_ms("grpc")
     report = {
         "command": "python -m quickdraft.bench.grpc_overhead " + " ".join(argv or sys.argv[1:]),
@@ -249,8 +275,10 @@ def main(argv=None) -> int:
         "direct_ids_vs_direct": {"ttft_p50_added_ms": added_ms("direct_ids"), "tpot_p50_ratio": tpot_ratio("direct_ids")},
         "vs_direct_ids": {"ttft_p50_added_ms": added_ms("grpc", "direct_ids"), "tpot_p50_ratio": tpot_ratio("grpc", "direct_ids")},
         "in_process_client": {"ttft_p50_added_ms": added_ms("grpc_in_process"), "tpot_p50_ratio": tpot_ratio("grpc_in_process")},
+        "ttft_breakdown": {p: breakdown(p) for p in ("grpc", "grpc_in_process")},
         "targets": {"ttft_p50_added_ms": 2.0, "tpot_p50_ratio": 1.03},
-        "samples": {p: {"ttft_s": v["ttft"], "tpot_s": v["tpot"]} for p, v in results.items()},
+        "samples": {p: {"ttft_s": v["ttft"], "tpot_s": v["tpot"], **({"server_ttft_s": v["server_ttft"]} if p.startswith("grpc") else {})}
+                    for p, v in results.items()},
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "grpc_overhead.json").write_text(json.dumps(report, indent=1))
@@ -264,6 +292,9 @@ def main(argv=None) -> int:
             f"Noise floor, the two in-process paths (direct_ids/direct): {report['direct_ids_vs_direct']['ttft_p50_added_ms']:+.2f} ms TTFT, TPOT ratio {report['direct_ids_vs_direct']['tpot_p50_ratio']:.3f}.",
             f"Against pre-tokenized prompts (direct_ids): {report['vs_direct_ids']['ttft_p50_added_ms']:+.2f} ms TTFT, TPOT ratio {report['vs_direct_ids']['tpot_p50_ratio']:.3f}.",
             f"With the client on a thread of the server's process: {report['in_process_client']['ttft_p50_added_ms']:+.2f} ms TTFT, TPOT ratio {report['in_process_client']['tpot_p50_ratio']:.3f}.",
+            "TTFT added, split at the server's own measurement (paired medians): "
+            + "; ".join(f"{p}: in the server {b['in_server_vs_direct_ids_ms']:+.2f} ms over direct_ids, outside it {b['outside_server_ms']:+.2f} ms"
+                        for p, b in report["ttft_breakdown"].items()) + ".",
         ]
     )
     (args.out / "grpc_overhead.md").write_text(md + "\n")

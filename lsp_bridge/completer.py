@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from quickdraft.client import build_request
 from quickdraft.lsp_bridge.backend import Backend, Outcome
 from quickdraft.lsp_bridge.cache import CompletionCache
-from quickdraft.lsp_bridge.context import Budget, ContextEngine
+from quickdraft.lsp_bridge.context import Budget, ContextEngine, from_line_start
 from quickdraft.lsp_bridge.postprocess import Completion, Draft, Shape, decide_shape, gate
 from quickdraft.lsp_bridge.settings import Settings
 from quickdraft.lsp_bridge.workspace import OpenDocument, Workspace
@@ -130,9 +130,14 @@ def make_request(
     tree = opened.tree
     shape = decide_shape(opened, tree, offset)
     prompt = context.build(opened, offset, budget)
+    prefix, suffix = prompt.prefix, prompt.suffix
+    if settings.blank_line_from_line_start and shape.on_blank_line:
+        moved = from_line_start(prefix, suffix)
+        if moved is not None:
+            (prefix, suffix), shape = moved, replace(shape, from_line_start=True)
     request = build_request(
-        prefix=prompt.prefix,
-        suffix=prompt.suffix,
+        prefix=prefix,
+        suffix=suffix,
         context_files=prompt.context_files,
         language_id=opened.doc.language_id or (opened.spec.name if opened.spec else ""),
         file_path=workspace.relative_path(opened.path),

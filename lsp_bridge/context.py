@@ -70,6 +70,21 @@ class _Snippet:
     score: float
 
 
+def from_line_start(prefix: str, suffix: str) -> tuple[str, str] | None:
+    """The prompt for a cursor on a line of only whitespace, rewritten to start
+    that line afresh: the prefix ends where the line begins and the suffix starts
+    after it. In the embedded model's fill-in-the-middle training
+    (training/samples.py) whole-line middles start at a line start, and a middle
+    that starts after a blank line's indentation, with a line break right after
+    it, is always empty: asked there, the model answers nothing, at the very
+    place a user waits for a line. None when the cursor's line holds code."""
+    indent = prefix[prefix.rfind("\n") + 1 :]
+    rest_of_line, newline, after = suffix.partition("\n")
+    if indent.strip() or rest_of_line.strip():
+        return None
+    return prefix[: len(prefix) - len(indent)], after if newline else ""
+
+
 def _group(language: str) -> str:
     return _GROUPS.get(language, language)
 

@@ -39,6 +39,9 @@ class Shape:
     next_lines: tuple[str, ...] = ()
     block_style: str = BRACES
     max_lines: int = MAX_LINES
+    # The prompt starts the cursor's (blank) line afresh (context.from_line_start):
+    # the model's text begins with the line's indentation, which the cursor has.
+    from_line_start: bool = False
 
     @property
     def on_blank_line(self) -> bool:
@@ -199,11 +202,25 @@ class Draft:
     text: str = ""
     done: bool = False
     _checked_lines: int = field(default=0, repr=False)
+    _held_indent: str | None = field(default=None, repr=False)  # the answer's leading whitespace, held back
+
+    def __post_init__(self) -> None:
+        if self.shape.from_line_start:
+            self._held_indent = ""
 
     def feed(self, delta: str) -> bool:
         """Add streamed text; True once enough has arrived (stop the stream)."""
         if self.done:
             return True
+        if self._held_indent is not None:
+            # Hold the answer's leading whitespace until its first other character:
+            # only then is it known how much of it the cursor's indentation covers.
+            self._held_indent += delta
+            code = self._held_indent.lstrip(" \t")
+            if not code:
+                return False
+            delta = _beyond(self._held_indent[: len(self._held_indent) - len(code)], self.shape.line_prefix) + code
+            self._held_indent = None
         self.text += delta
         if not self.shape.multiline:
             self.done = _one_line(self.text, self.shape) is not None
@@ -238,6 +255,12 @@ class Draft:
             return None
         lines = [line.rstrip() for line in lines]
         return Completion("\n".join(lines))
+
+
+def _beyond(indent: str, cursor_indent: str) -> str:
+    """The part of the model's indentation past the cursor's: a completion can
+    add indentation but not remove it, so a shallower one is dropped."""
+    return indent[len(cursor_indent):] if indent.startswith(cursor_indent) else ""
 
 
 def _one_line(text: str, shape: Shape) -> str | None:

@@ -135,7 +135,11 @@ class ControllerLoop:
         if mode == engine.mode:
             return False
         log.info("building a standby engine for a full batch: %s", mode.label())
-        return await self.engines.prewarm(mode)
+        t0 = time.monotonic()
+        built = await self.engines.prewarm(mode)
+        if built:
+            self.ctl.observe_build(time.monotonic() - t0)  # built beside the serving engine, as a rebuild is
+        return built
 
     def stop(self) -> None:
         for task in (self._task, self._prewarm_task):
@@ -155,13 +159,15 @@ class ControllerLoop:
         # Cancelled and failed requests say nothing reliable about step time.
         if record.finish not in ("stop", "length") or record.ttft_s is None or record.tpot_s is None:
             return
-        if self.engines.building:
-            # Served while another engine was being built beside this one: its
-            # TTFT and TPOT measure the build's competition, not the config.
-            self.skipped_during_builds += 1
-            return
         engine = self.engines.engine
         running = engine.snapshot.running if engine is not None else 1
+        if self.engines.building:
+            # Served while another engine was being built beside this one: its
+            # TTFT and TPOT measure the build's competition, not the config,
+            # which is what a rebuild costs the requests served meanwhile.
+            self.skipped_during_builds += 1
+            self.ctl.observe_during_build(record.tpot_s, max(1, running))
+            return
         self.ctl.observe(
             Observation.from_speculative_stats(
                 spec,
@@ -171,6 +177,7 @@ class ControllerLoop:
                 output_tokens=record.completion_tokens,
                 batch_size=max(1, running),
                 prompt_tokens=record.prompt_tokens,
+                ttft_batch_size=max(1, record.running_at_first_token) if record.running_at_first_token else None,
             ),
             now=self.clock(),
         )

@@ -36,6 +36,7 @@ class Timing:
     first: float | None = None
     last: float | None = None
     tokens: int = 0
+    running_at_first: int = 0  # the engine's running requests at the first token: the load TTFT met
 
     def add(self, n: int, now: float) -> None:
         if n <= 0:
@@ -132,6 +133,8 @@ class CompletionService:
             try:
                 async for out in engine.generate(engine_id, prepared.prompt_token_ids, sampling):
                     c = out.outputs[0]
+                    if timing.first is None and c.token_ids:
+                        timing.running_at_first = engine.snapshot.running
                     timing.add(len(c.token_ids), time.perf_counter())
                     if c.finish_reason is not None:
                         finish = c.finish_reason
@@ -178,6 +181,7 @@ class CompletionService:
                 spec_label=engine.mode.label(),
                 accepted_per_position=list(spec.accepted_per_position),
                 num_drafts=spec.num_drafts,
+                running_at_first_token=timing.running_at_first,
             )
             self.telemetry.record(record)
             self.observers(record, spec)

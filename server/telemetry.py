@@ -44,6 +44,7 @@ class RequestRecord:
     spec_label: str
     accepted_per_position: list[int]
     num_drafts: int
+    running_at_first_token: int = 0  # the engine's running requests when the first token came out (0: unknown)
 
 
 class Telemetry:

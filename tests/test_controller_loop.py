@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
@@ -63,7 +64,9 @@ def test_finished_requests_become_observations(tmp_path):
     assert loop.ctl.state()["acceptance"]["parallel"]["trials"][0] > 0
 
 
-def test_requests_served_while_an_engine_is_built_are_not_observations(tmp_path):
+def test_requests_served_while_an_engine_is_built_are_not_observations(tmp_path, monkeypatch):
+    from quickdraft.server.controller.estimator import Estimator
+
     async def run():
         cfg, manager, service, loop, _ = make(tmp_path)
         await manager.start(loop.start_mode())
@@ -72,6 +75,11 @@ def test_requests_served_while_an_engine_is_built_are_not_observations(tmp_path)
         async for _ in service.complete(pb.CompleteRequest(prefix="x")):
             pass
         assert loop.ctl.observations == 0 and loop.skipped_during_builds == 1
+        # ... but they say how much a build slows the serving engine, once the model predicts its TPOT (1 ms here)
+        monkeypatch.setattr(Estimator, "ready", property(lambda self: True))
+        monkeypatch.setattr(loop.ctl, "_plan_of", lambda schedule, load: SimpleNamespace(prediction=SimpleNamespace(tpot_s=0.001)))
+        loop.on_request(RequestRecord("inline", 0.1, 0.003, 0.2, 5, 8, "stop", "parallel K=5", [], 0), pb.SpeculativeStats())
+        assert loop.ctl.build_slowdown == pytest.approx(3.0) and loop.ctl.observations == 0
         manager._prewarming.clear()
         async for _ in service.complete(pb.CompleteRequest(prefix="x")):
             pass
@@ -210,8 +218,11 @@ def test_prewarm_builds_the_full_batch_pick_and_the_switch_to_it_is_instant(tmp_
         monkeypatch.setattr(Estimator, "ready", property(lambda self: True))
         loop.ctl.recommend = lambda load: (SpecConfig.off() if load >= 8 else SpecConfig(False, 3), None, None)
         assert loop.full_batch_mode() == SpecMode.off()
+        rebuild_before = loop.ctl.rebuild_s
         assert await loop.prewarm()
         assert len(made) == 2 and manager.standby == {SpecMode.off(): made[1]}
+        # a build beside the serving engine is what a rebuild costs: it updates the estimate
+        assert loop.ctl.rebuild_s != rebuild_before and loop.ctl._rebuild_measured
         assert not await loop.prewarm()  # already warm
         # an exploration elsewhere keeps the prewarmed engine: the switched-away one is not kept instead
         assert await manager.switch(SpecMode(True, True, 7), "probe")

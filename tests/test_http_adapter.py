@@ -16,7 +16,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from quickdraft.server.config import load_config
-from quickdraft.server.engine import SpecMode
+from quickdraft.server.engine import EngineSnapshot, SpecMode
 from quickdraft.server.engine_manager import EngineManager
 from quickdraft.server.http_api import HttpServer, chat_call, completion_call
 from quickdraft.server.presets import embedded_dir
@@ -46,6 +46,7 @@ class FakeEngine:
     unfinished: set = field(default_factory=set)
     aborted: list[str] = field(default_factory=list)
     started: asyncio.Event = field(default_factory=asyncio.Event)
+    snapshot: EngineSnapshot = field(default_factory=EngineSnapshot)
 
     async def generate(self, request_id, prompt_ids, sampling):
         self.calls.append((list(prompt_ids), sampling))

@@ -97,6 +97,31 @@ def test_timing_and_speculative_figures():
     assert spec.mean_acceptance_length == pytest.approx(2.0)
 
 
+def test_the_record_carries_the_load_at_the_first_token():
+    """The controller files TTFT under the load its first token met; the engine
+    runs 5 requests then, and 1 by the time this one ends."""
+    async def run():
+        engine = FakeEngine(SpecMode(enabled=True, parallel=True, k=5), delay=0.01)
+
+        async def factory(cfg, mode):
+            return engine
+
+        cfg, manager, service = make_service(factory)
+        await manager.start(SpecMode(enabled=True, parallel=True, k=5))
+        records = []
+        service.observers.callbacks.append(lambda record, spec: records.append(record))
+        engine.snapshot.running = 5
+        seen = []
+        async for msg in service.complete(pb.CompleteRequest(prefix="x = "), "c"):
+            seen.append(msg)
+            engine.snapshot.running = 1
+        await manager.stop()
+        return records
+
+    [record] = asyncio.run(run())
+    assert record.running_at_first_token == 5
+
+
 def test_timing_definitions():
     t = Timing(arrival=10.0)
     t.add(1, 10.2)

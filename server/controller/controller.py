@@ -83,6 +83,12 @@ class Controller:
         """Seconds a rebuild takes here: the setting until one was measured (by
         ``quickdraft tune``, restored with the profile, or live), then a running mean."""
         self._rebuild_measured = False
+        self.build_slowdown = 1.0
+        """How much slower the serving engine's requests run while another
+        engine is built beside it (their TPOT over the model's prediction):
+        1.0 until measured. On 2 CPU cores the build takes the serving engine's
+        CPU (2-3x in the phases runs of 2026-12-03); on a GPU it should be near 1."""
+        self._slowdown_samples = 0
         self._streak_key: tuple | None = None
         self._streak_count = 0
         self._streak_since = now
@@ -162,15 +168,31 @@ class Controller:
         self.switches += 1
         if rebuilt:
             self.engine_rebuilds += 1
-            took = now - self._pending_since
-            if took > 0:
-                self.rebuild_s = 0.5 * (self.rebuild_s + took) if self._rebuild_measured else took
-                self._rebuild_measured = True
+            self.observe_build(now - self._pending_since)
         if decision.action == "explore" and self._probe is not None:
             self._probe.started_at = now
         elif decision.action == "switch" or decision.reason_code == "acceptance_collapse":
             # a KV-pressure cut is transient and a probe unproven: neither is "good"
             self._last_good = (self._active_config_base(), self._schedule)
+
+    def observe_build(self, seconds: float) -> None:
+        """An engine build beside the serving one took ``seconds`` (a rebuild, or
+        a standby engine built under load)."""
+        if seconds > 0:
+            self.rebuild_s = 0.5 * (self.rebuild_s + seconds) if self._rebuild_measured else seconds
+            self._rebuild_measured = True
+
+    def observe_during_build(self, tpot_s: float, batch_size: float) -> None:
+        """A request served while another engine was being built: its TPOT
+        against the model's for the serving config updates ``build_slowdown``
+        (a mean over the last ~20 such requests)."""
+        expected = self._plan_of(self._schedule, max(1.0, batch_size)).prediction.tpot_s if self.estimator.ready else None
+        if not expected or tpot_s <= 0:
+            return
+        ratio = min(10.0, max(0.5, tpot_s / expected))
+        self._slowdown_samples += 1
+        weight = 1.0 / min(self._slowdown_samples, 20)
+        self.build_slowdown += weight * (ratio - self.build_slowdown)
 
     def apply_failed(self, decision: Decision, error: str = "", *, now: float | None = None) -> None:
         """The switch could not be made; the old engine still serves."""
@@ -302,6 +324,13 @@ class Controller:
             threshold = st.exploration.keep_tolerance
         else:
             threshold = hy.margin + hy.confidence_z * self._gain_error(active, best, load)
+        if (gain >= threshold and not slo_fix and not after_probe and best.schedule not in self._warm
+                and not self._rebuild_pays(a_tpot, b_tpot)):
+            self._reset_streak(now)
+            return self._hold(now, load, "rebuild_cost",
+                              f"{best.config.label()} predicted {gain:.0%} faster than {active.config.label()}, but a "
+                              f"{self.rebuild_s:.0f}-s rebuild, serving {self.build_slowdown:.1f}x slower meanwhile, would not "
+                              f"pay back within {hy.load_horizon_s:.0f} s", plan=active)
         if gain >= threshold or slo_fix:
             key = (best.mode, best.config.k)
             # the streak needs the same winner at a steady load (not a ramp)
@@ -489,21 +518,23 @@ class Controller:
         """``best``, or a warm engine's plan (meeting the SLOs if ``best``
         does) that is predicted within the hysteresis margin of it, or whose
         instant switch serves the load's horizon faster than building
-        ``best`` while the active engine keeps serving:
+        ``best`` while the active engine keeps serving, slowed by the build:
 
-            H * warm  <=  R * active + (H - R) * best    (R: rebuild time, H: load_horizon_s)
+            H * warm  <=  R * s * active + (H - R) * best
+            (R: rebuild time, s: build_slowdown, H: load_horizon_s)
 
-        On 2 CPU cores a rebuild takes 40-48 s: the sixth phases run rebuilt
-        to a config 2% better than a warm one and served most of a 60-s phase
-        with the old engine."""
+        On 2 CPU cores a rebuild takes 40-48 s and the serving engine runs
+        2-3x slower meanwhile: phases runs rebuilt to a config 2-10%
+        better than a warm one and served most of a 60-s phase at 20-31 ms
+        against 9 ms."""
         b_tpot = best.prediction.tpot_s
         if b_tpot is None or (best.mode == active.mode and best.config == active.config):
             return best
         limit = b_tpot * (1.0 + self.settings.hysteresis.margin)
         a_tpot = active.prediction.tpot_s
-        if a_tpot is not None and a_tpot > b_tpot:
+        if a_tpot is not None and a_tpot * self.build_slowdown > b_tpot:
             share = min(1.0, self.rebuild_s / self.settings.hysteresis.load_horizon_s)
-            limit = max(limit, b_tpot + share * (a_tpot - b_tpot))
+            limit = max(limit, b_tpot + share * (a_tpot * self.build_slowdown - b_tpot))
         chosen = None
         for sched in self._warm:
             if sched == self._schedule:
@@ -517,6 +548,15 @@ class Controller:
             if chosen is None or p.tpot_s < chosen.prediction.tpot_s:
                 chosen = plan
         return chosen or best
+
+    def _rebuild_pays(self, active_tpot: float, best_tpot: float) -> bool:
+        """Building the best beats staying over the load's horizon H, counting
+        the R seconds of the build during which the active engine serves s
+        times slower: R * s * active + (H - R) * best < H * active. With s = 1
+        that is any gain; with R = 38 s and s = 2 it takes about half the TPOT."""
+        horizon = self.settings.hysteresis.load_horizon_s
+        r = min(self.rebuild_s, horizon)
+        return r * self.build_slowdown * active_tpot + (horizon - r) * best_tpot < horizon * active_tpot
 
     def _gain_error(self, a: _ModePlan, b: _ModePlan, load: float) -> float:
         """Standard error of the predicted relative TPOT gain of b over a."""
@@ -673,6 +713,8 @@ class Controller:
                 "intercept_s": ttft_fit.intercept, "kappa": ttft_fit.kappa, "theta_s": ttft_fit.theta,
                 "residual_quantile_s": ttft_fit.resid_q, "samples": ttft_fit.samples}),
             "slo_ttft_s": dict(self.settings.slo.ttft_s),
+            "rebuild": {"seconds": round(self.rebuild_s, 2), "measured": self._rebuild_measured,
+                        "serving_slowdown": round(self.build_slowdown, 3), "slowdown_samples": self._slowdown_samples},
             "load": {"current": round(load, 3), "reference": round(self.load.slow or load, 3),
                      "kv_cache_usage": self.load.kv_usage, "waiting": self.load.waiting},
             "fallback": {"k_cap": self._k_cap,
@@ -705,6 +747,7 @@ class Controller:
             "step_model": self.estimator.step.to_dict(),
             "ttft": self.estimator.ttft.to_dict(),
             "rebuild_s": self.rebuild_s,
+            "build_slowdown": self.build_slowdown,
         }
 
     def restore(self, profile: dict) -> None:
@@ -724,6 +767,9 @@ class Controller:
         if isinstance(profile.get("rebuild_s"), (int, float)) and profile["rebuild_s"] > 0:
             self.rebuild_s = float(profile["rebuild_s"])  # measured on this hardware last time
             self._rebuild_measured = True
+        if isinstance(profile.get("build_slowdown"), (int, float)) and profile["build_slowdown"] > 0:
+            self.build_slowdown = float(profile["build_slowdown"])
+            self._slowdown_samples = 1  # the next measurement moves it halfway
         self._set_active(cfg, sched)
         self._last_good = (cfg, self._schedule)
 

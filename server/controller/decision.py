@@ -36,7 +36,7 @@ class Decision:
     """Stable short code for metrics labels: "no_data", "best", "within_margin",
     "sustaining", "dwell", "pending", "probe_running", "probe_done", "probe_kept",
     "better", "explore", "kv_pressure", "acceptance_collapse", "slo", "disabled",
-    "cooldown"."""
+    "cooldown", "rebuild_cost"."""
     timestamp: float
     """Controller clock (unix seconds by default)."""
     load: float = 1.0
@@ -73,7 +73,7 @@ class Decision:
 
 # hold reasons that mean the same thing for the history: steady, waiting, building up
 _HOLD_FAMILY = {
-    "best": "steady", "within_margin": "steady", "probe_kept": "steady",
+    "best": "steady", "within_margin": "steady", "probe_kept": "steady", "rebuild_cost": "steady",
     "pending": "waiting", "probe_running": "waiting",
     "sustaining": "building", "dwell": "building",
 }

@@ -52,6 +52,11 @@ class Observation:
     exactly ``n`` drafts."""
     prompt_tokens: int = 0
     """Prompt length (informational; TTFT residuals absorb it)."""
+    ttft_batch_size: float | None = None
+    """Running requests when its first token came out, which is the load its
+    TTFT met (None: ``batch_size``). At a load change the two can differ: a
+    request that ends at its first token just as seven others arrive can
+    report the batch from before them, behind the TTFT of a full batch."""
 
     def __post_init__(self) -> None:
         if self.ttft_s < 0 or self.tpot_s < 0:
@@ -79,6 +84,7 @@ class Observation:
         output_tokens: int,
         batch_size: float,
         prompt_tokens: int = 0,
+        ttft_batch_size: float | None = None,
     ) -> "Observation":
         """From the proto's ``SpeculativeStats`` (or anything with its fields:
         enabled, parallel_drafting, num_speculative_tokens, num_drafts,
@@ -92,7 +98,7 @@ class Observation:
             num_drafts=int(stats.num_drafts) if enabled else 0,
             num_draft_tokens=int(stats.num_draft_tokens) if enabled else 0,
             accepted_per_position=tuple(int(v) for v in stats.accepted_per_position) if enabled else (),
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=prompt_tokens, ttft_batch_size=ttft_batch_size,
         )
 
     # -- derived --------------------------------------------------------------

@@ -124,7 +124,7 @@ class TTFTModel:
     def observe(self, obs: Observation) -> None:
         mode = obs.config.mode
         k = int(round(obs.mean_k)) if mode != OFF else 0
-        b = max(1.0, obs.batch_size)
+        b = max(1.0, obs.ttft_batch_size if obs.ttft_batch_size is not None else obs.batch_size)
         key = (obs.latency_class, mode, k, load_bucket(b))
         cell = self._cells.get(key)
         if cell is None:

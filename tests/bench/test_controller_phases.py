@@ -152,6 +152,31 @@ def test_the_targets_are_met_when_every_phase_is_within_tolerance():
     assert cp.verdicts(runs, PHASES, 30.0, 0.01)["phases"][0]["within_tolerance"] is False
 
 
+def test_rounds_pool_each_configs_requests_and_show_each_rounds_regret():
+    """Two rounds on a machine whose speed moved between them: pooled, the
+    controller is within 5 % of the best static config; round by round it is
+    5 % over, then 5 % under (the noise the rounds are there to show)."""
+    runs = []
+    for rnd, (static_ms, ctl_ms) in enumerate([(6.0, 6.3), (8.0, 7.6)], start=1):
+        for run in (run_of("ar3", "autoregressive", steady([static_ms] * 3)), run_of("p5", "parallel", steady([static_ms * 1.2] * 3)),
+                    run_of("controller", "controller", steady([ctl_ms] * 3))):
+            run["round"] = rnd
+            runs.append(run)
+    v = cp.verdicts(runs, PHASES, 30.0, 0.05)
+    assert v["statics"] == ["ar3", "p5"]
+    p1 = v["phases"][0]
+    # Token-weighted over both rounds (the same tokens in each): (6 + 8) / 2 and (6.3 + 7.6) / 2.
+    assert p1["best_static"] == "ar3" and p1["best_static_tpot_ms"] == pytest.approx(7.0)
+    assert p1["controller_tpot_ms"] == pytest.approx(6.95) and p1["regret"] == pytest.approx(6.95 / 7.0 - 1, abs=1e-3)
+    assert p1["rounds"]["controller_tpot_ms"] == [6.3, 7.6] and p1["rounds"]["best_static_tpot_ms"] == [6.0, 8.0]
+    assert p1["rounds"]["regret"] == pytest.approx([0.05, -0.05])
+    assert v["targets"]["within_tolerance_every_phase"] is True
+    # The controller's rounds' rebuild accounting is summed.
+    acc = v["controller"]
+    assert acc["engine_rebuilds"] == 0 and acc["failed"] == 0 and "summed over 2 rounds" in acc["source"]
+    assert [x["phase"] for x in acc["per_phase"]] == [0, 1, 2]
+
+
 def test_without_a_controller_run_there_is_no_verdict_on_it():
     v = cp.verdicts(synthetic_runs()[:3], PHASES, 30.0, 0.05)
     assert "targets" not in v and v["phases"][1]["best_static"] == "off"
@@ -268,6 +293,18 @@ def test_statics_from_a_phases_run_and_their_checks(tmp_path):
     (tmp_path / "other.json").write_text("{}")
     with pytest.raises(ValueError, match="neither"):
         cp.load_statics(tmp_path / "other.json", PhasesSpec())
+
+
+def test_statics_from_a_run_in_rounds_keep_every_round(tmp_path):
+    runs = [{**r, "round": rnd} for rnd in (1, 2) for r in synthetic_runs()[:2]]
+    doc = {"benchmark": "controller_phases", "date": "d", "spec": {"concurrency": [1, 8, 1], "phase_seconds": 60.0, "settle_s": 30.0},
+           "workload": {}, "runs": runs}
+    path = tmp_path / "phases.json"
+    path.write_text(json.dumps(doc))
+    out = cp.run_bench(PhasesSpec(configs=[], statics_from=[str(path)]), WorkloadSpec(cancel_share=0.0, chat_share=0.0),
+                       tmp_path / "out", show_progress=False)
+    assert [(r["label"], r["round"]) for r in out["runs"]] == [("off", 1), ("p5", 1), ("off", 2), ("p5", 2)]
+    assert out["verdicts"]["statics"] == ["off", "p5"]
 
 
 def test_the_command_line_leaves_out_configs_the_statics_file_provides(tmp_path):
@@ -455,3 +492,14 @@ def test_a_short_run_over_fake_engines_end_to_end(tmp_path):
     v = doc["verdicts"]["phases"]
     assert all(r["best_static"] == "p5" and r["controller_tpot_ms"] is not None and r["seed_tpot_ms"] == r["best_static_tpot_ms"] for r in v)
     assert all(r["controller_vs_seed"] == pytest.approx(r["regret"] + 1, abs=2e-3) for r in v)
+
+
+def test_rounds_run_every_config_again_in_reversed_order(tmp_path):
+    spec = PhasesSpec(configs=["p5", "off"], rounds=2, phase_seconds=0.6, settle_s=0.2, warmup_requests=1, poll_s=0.05, state_every_s=0.5)
+    wspec = WorkloadSpec(tasks=16, seed=1, single_line_max_tokens=8, multi_line_max_tokens=12, cancel_share=0.0, chat_share=0.0)
+    doc = cp.run_bench(spec, wspec, tmp_path / "out", show_progress=False, launcher=InProcessLauncher(tmp_path))
+    assert [(r["label"], r["round"]) for r in doc["runs"]] == [("p5", 1), ("off", 1), ("off", 2), ("p5", 2)]
+    assert all("error" not in r and len(r["phases"]) == 3 for r in doc["runs"])
+    assert doc["verdicts"]["statics"] == ["p5", "off"]  # one entry per config, its rounds pooled
+    md = (tmp_path / "out" / "phases.md").read_text()
+    assert "| p5 (round 1) |" in md and "| p5 (round 2) |" in md and "in 2 rounds" in md

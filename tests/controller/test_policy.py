@@ -376,6 +376,67 @@ def test_a_warm_engine_beyond_the_margin_is_taken_when_a_rebuild_would_cost_more
     assert d2.action == "switch" and d2.target == best
 
 
+def test_a_build_that_slows_the_serving_engine_makes_the_warm_engine_worth_more():
+    """On 2 CPU cores the active engine serves ~3x slower while a new engine is
+    built beside it. A warm engine that loses to a rebuild at full speed wins
+    once that slowdown is counted: H * warm <= R * s * active + (H - R) * best."""
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    settings = ControllerSettings(schedule=ScheduleSettings(enabled=False), hysteresis=HysteresisSettings(margin=0.10))
+    ctl, clock = calibrated(eng, settings)
+    ctl.activate(SpecConfig.off())
+    preds = {p.config: p.tpot_s for p in ctl.candidates(1) if p.tpot_s is not None}
+    best, off = min(preds, key=preds.get), preds[SpecConfig.off()]
+    horizon, rebuild, slowdown = settings.hysteresis.load_horizon_s, 40.0, 3.0
+    far = next(c for c in sorted(preds, key=preds.get)
+               if c != SpecConfig.off() and preds[c] > preds[best] * 1.10
+               and horizon * preds[c] > rebuild * off + (horizon - rebuild) * preds[best]
+               and horizon * preds[c] <= rebuild * slowdown * off + (horizon - rebuild) * preds[best])
+    ctl.set_warm([(far, None)])
+    ctl.rebuild_s = rebuild
+    d = _switch_after_dwell(ctl, clock, 1)
+    assert d.action == "switch" and d.target == best  # at full speed the rebuild pays
+    ctl2, clock2 = calibrated(eng, settings)
+    ctl2.activate(SpecConfig.off())
+    ctl2.set_warm([(far, None)])
+    ctl2.rebuild_s = rebuild
+    for _ in range(30):  # requests served during builds at 3x the model's TPOT for off
+        ctl2.observe_during_build(3.0 * off, 1.0)
+    assert ctl2.build_slowdown == pytest.approx(3.0, rel=0.01)
+    d2 = _switch_after_dwell(ctl2, clock2, 1)
+    assert d2.action == "switch" and d2.target == far, d2.reason
+    # measured once, it survives a restart with the profile
+    fresh = Controller(ctl2.settings, clock=clock2)
+    fresh.restore(ctl2.profile_dict())
+    assert fresh.build_slowdown == pytest.approx(3.0, rel=0.01) and fresh.state()["rebuild"]["serving_slowdown"] == pytest.approx(3.0, rel=0.01)
+
+
+def test_a_rebuild_that_would_not_pay_back_within_the_horizon_is_not_made():
+    """Cold (no warm engine for it), the best config is built only if that pays
+    within the load's horizon: R * s * active + (H - R) * best < H * active.
+    Unmeasured (s = 1) any real gain pays; a 40-s build that slows serving 3x
+    never does within 120 s, and the controller holds, saying why. A TTFT SLO
+    miss is fixed whatever the cost (not tested here)."""
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    settings = ControllerSettings(schedule=ScheduleSettings(enabled=False))
+    ctl, clock = calibrated(eng, settings)
+    ctl.activate(SpecConfig.off())
+    ctl.rebuild_s = 40.0
+    d = _switch_after_dwell(ctl, clock, 1)
+    assert d.action == "switch" and d.target != SpecConfig.off()
+    gain = d.predicted_gain
+    ctl2, clock2 = calibrated(eng, settings)
+    ctl2.activate(SpecConfig.off())
+    ctl2.rebuild_s, ctl2.build_slowdown = 40.0, 3.0
+    d2 = _switch_after_dwell(ctl2, clock2, 1)
+    assert d2.action == "hold" and d2.reason_code == "rebuild_cost", d2.reason
+    assert "would not pay back within 120 s" in d2.reason
+    # a gain large enough pays even so: with a 5-s build, R * s = 15 s of the horizon
+    ctl2.rebuild_s = 5.0
+    assert 5.0 * 3.0 + 115.0 * (1 - gain) < 120.0  # the same gain now pays back
+    d3 = _switch_after_dwell(ctl2, clock2, 1)
+    assert d3.action == "switch" and d3.target == d.target
+
+
 def test_rebuild_time_is_measured_and_remembered():
     eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
     ctl, clock = calibrated(eng, ControllerSettings(schedule=ScheduleSettings(enabled=False)))

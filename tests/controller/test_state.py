@@ -161,3 +161,29 @@ def test_observation_from_the_proto_stats():
     off = Observation.from_speculative_stats(pb.SpeculativeStats(), latency_class="chat", ttft_s=0.05,
                                              tpot_s=0.01, output_tokens=10, batch_size=1.0)
     assert off.config == SpecConfig.off() and off.acceptance_length == 1.0
+
+
+def test_ttft_counts_at_the_load_of_the_first_token():
+    """At a change from 1 stream to 8 a request can end at its first token with
+    a batch of 1 reported, behind a TTFT that waited for seven prefills. Filed
+    under its first token's load it leaves the 1-stream TTFT quantile alone."""
+    from quickdraft.server.controller.settings import SLOSettings
+    from quickdraft.server.controller.ttft_model import TTFTModel
+
+    def model(transition_batch):
+        m = TTFTModel(SLOSettings())
+        p7 = SpecConfig(True, 7)
+        for i in range(40):
+            m.observe(Observation(latency_class="inline", ttft_s=0.10 + 0.001 * (i % 5), tpot_s=0.008, output_tokens=20,
+                                  batch_size=1.0, config=p7))
+        for _ in range(6):  # the transition: reported batch 1, TTFT of a full batch
+            m.observe(Observation(latency_class="inline", ttft_s=0.5, tpot_s=0.008, output_tokens=1, batch_size=1.0,
+                                  config=p7, ttft_batch_size=transition_batch))
+        return m.predict("inline", 0.02, 1.0, lambda mode, k, b: 0.02, "parallel", 7)
+
+    at_finish, at_first_token = model(None), model(8.0)
+    assert at_first_token == pytest.approx(0.104, abs=0.01)
+    assert at_finish > 0.3  # the old filing: the SLO (0.3 s) looked broken at 1 stream
+    o = Observation.from_speculative_stats(pb.SpeculativeStats(), latency_class="inline", ttft_s=0.1, tpot_s=0.01,
+                                           output_tokens=2, batch_size=1.0, ttft_batch_size=8.0)
+    assert o.ttft_batch_size == 8.0

@@ -34,7 +34,7 @@ async def test_fim_quality_against_the_fake_server(tmp_path, fake_server):
         argparse.Namespace(
             server=fake_server.address, source_dir=str(src), tasks=6, seed=1, languages=None, max_tokens=16,
             budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, dry_run=False, json=str(out),
-            file_only=False,
+            file_only=False, blank_line_at_cursor=False,
         )
     )
     report = json.loads(out.read_text())
@@ -44,6 +44,9 @@ async def test_fim_quality_against_the_fake_server(tmp_path, fake_server):
     assert len(fake_server.fake.requests) == 12
     assert all(list(r.stop) == [] and r.max_tokens == 16 for r in fake_server.fake.requests)
     assert {t["tree-sitter"] for t in report["tasks"]} == {"return x * 2"}  # the first line, cut client-side
+    # both conditions ask from the start of the cursor's blank line, as the bridge does
+    assert report["blank_line_from_line_start"] is True
+    assert all(r.prefix.endswith("\n") and not r.suffix.startswith("\n") for r in fake_server.fake.requests)
     paired = report["paired"]["edit_similarity_tree_sitter_minus_plain"]
     assert paired["wins"] + paired["losses"] + paired["ties"] == 6
     assert report["budget_tokens"] == 1024  # from the server's limits
@@ -62,7 +65,7 @@ async def test_fim_quality_rebuilds_prompts_refused_as_too_long(tmp_path, fake_s
         argparse.Namespace(
             server=fake_server.address, source_dir=str(src), tasks=4, seed=3, languages=None, max_tokens=16,
             budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, dry_run=False, json=str(out),
-            file_only=True,
+            file_only=True, blank_line_at_cursor=False,
         )
     )
     rows = {r["condition"]: r for r in json.loads(out.read_text())["rows"]}

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from quickdraft.lsp_bridge.context import FILE_OVERHEAD, Budget, ContextEngine
+from quickdraft.lsp_bridge.context import FILE_OVERHEAD, Budget, ContextEngine, from_line_start
 from quickdraft.lsp_bridge.languages import SUPPORTED, canonical_id, load
 from quickdraft.lsp_bridge.symbols import extract, resolve_imports
 from quickdraft.lsp_bridge.syntax import parser_for
@@ -340,3 +340,18 @@ def test_prefix_window_prefers_opening_on_a_whole_definition():
     body = window.text.split("\n", 1)[1]  # after the kept "class C:" header
     assert window.text.startswith("class C:\n")
     assert body.startswith("    def m25(self):\n")
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "expected"),
+    [
+        ("def f():\n    ", "\n    return 1\n", ("def f():\n", "    return 1\n")),  # after the indentation
+        ("def f():\n  ", "  \n    return 1\n", ("def f():\n", "    return 1\n")),  # inside it
+        ("x = 1\n", "", ("x = 1\n", "")),  # an empty last line
+        ("\t", "\nx", ("", "x")),  # the file's first line
+        ("def f():\n    ret", "\n", None),  # code before the cursor
+        ("def f():\n    ", "pass\n", None),  # code after it
+    ],
+)
+def test_from_line_start(prefix, suffix, expected):
+    assert from_line_start(prefix, suffix) == expected

@@ -22,7 +22,7 @@ async def test_open_and_complete(editor, fake_server):
     result = await editor.inline(uri)
     assert texts(result) == ["return a + b"]
     request = fake_server.fake.requests[-1]
-    assert request.prefix == text
+    assert request.prefix == "def add(a, b):\n"  # a blank line is asked from its start
     assert request.suffix == ""
     assert request.language_id == "python"
     assert request.file_path == "calc.py"
@@ -40,8 +40,8 @@ async def test_incremental_edits_reach_the_prompt(editor, fake_server):
     editor.type(uri, len(editor.texts[uri]), "\ndef g():\n    ")
     result = await editor.inline(uri)
     assert result.items
-    assert fake_server.fake.requests[-1].prefix == editor.texts[uri]
     assert editor.texts[uri] == "def f(x, y):\n    return x * y\n\ndef g():\n    "
+    assert fake_server.fake.requests[-1].prefix == editor.texts[uri].removesuffix("    ")
 
 
 @pytest.mark.parametrize(
@@ -220,20 +220,31 @@ async def test_context_from_open_documents_and_imported_files(editor, fake_serve
     assert "def area(radius):" in files["pkg/geometry.py"]
     assert "def unused" not in files["pkg/geometry.py"]
     assert "def clamp(value, low, high):" in files["util.py"]
-    assert request.prefix == text
+    assert request.prefix == text.removesuffix("    ")  # a blank line: the prompt starts it afresh
 
 
-async def test_a_blank_line_gets_the_line_after_a_leading_line_break(editor, fake_server):
-    """The model's answer starts with a line break (the blank line the cursor
-    is on): the editor gets the next line at the cursor, and the server was not
-    told to stop at the first line break (which would have ended it empty)."""
+async def test_a_blank_line_is_asked_from_its_start_and_gets_the_line_without_its_indentation(editor, fake_server):
+    """On a blank line the prompt ends where the line begins and resumes after
+    it, so the model writes a whole line; the editor gets it without the
+    indentation the cursor already has. The server was not told to stop at the
+    first line break (an answer may begin with one)."""
     text = "def area(r):\n    x = r * r\n    \n    return x\n"
     uri = editor.open("blank.py", text)
-    fake_server.fake.deltas = ["\n", "    y = x * 3.14\n", "    z = 1\n"]
+    fake_server.fake.deltas = ["  ", "  y = x * 3.14\n", "    z = 1\n"]
     result = await editor.inline(uri, position=types.Position(line=2, character=4))
     assert texts(result) == ["y = x * 3.14"]
     request = fake_server.fake.requests[-1]
     assert list(request.stop) == []
+    assert request.prefix == "def area(r):\n    x = r * r\n" and request.suffix == "    return x\n"
+    # with the setting off, the prompt is cut at the cursor and a leading line break is skipped
+    editor.client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"quickdraft": {"blankLineFromLineStart": False}})
+    )
+    uri3 = editor.open("blank3.py", text)
+    fake_server.fake.deltas = ["\n", "    y = x * 3.14\n", "    z = 1\n"]
+    result = await editor.inline(uri3, position=types.Position(line=2, character=4))
+    assert texts(result) == ["y = x * 3.14"]
+    assert fake_server.fake.requests[-1].prefix == "def area(r):\n    x = r * r\n    "
     # with text before the cursor, the line still ends at the first line break, server-side
     uri2 = editor.open("typed.py", "def area(r):\n    x = \n    return x\n")
     fake_server.fake.deltas = ["r * r\n", "more\n"]

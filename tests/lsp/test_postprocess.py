@@ -89,8 +89,8 @@ def test_decide_shape(source, language, multiline):
     assert decide_shape(opened, opened.tree, offset).multiline is multiline
 
 
-def _shape(multiline, line_prefix="", line_suffix="", next_lines=(), style=INDENT, max_lines=20):
-    return Shape(multiline, line_prefix, line_suffix, tuple(next_lines), style, max_lines)
+def _shape(multiline, line_prefix="", line_suffix="", next_lines=(), style=INDENT, max_lines=20, from_line_start=False):
+    return Shape(multiline, line_prefix, line_suffix, tuple(next_lines), style, max_lines, from_line_start)
 
 
 def _run(shape, chunks):
@@ -183,6 +183,23 @@ def test_on_a_blank_line_the_first_line_that_is_not_blank_is_the_completion():
     assert stopped is None and draft.result() == Completion("last(a")
     draft, _ = _run(_shape(False, "    "), ["  nested = 1\n"])  # no line break first: as written
     assert draft.result() == Completion("  nested = 1")
+
+
+def test_from_the_line_start_the_indentation_the_cursor_has_is_dropped():
+    """The prompt started the blank line afresh: the model writes the line with
+    its indentation, possibly in pieces; the cursor's own indentation is left
+    out, deeper indentation kept, shallower dropped (ghost text cannot dedent)."""
+    shape = _shape(False, "    ", from_line_start=True)
+    draft, stopped = _run(shape, [" ", "   ", "return total\n", "more"])
+    assert stopped == 2 and draft.result() == Completion("return total")
+    assert _run(shape, ["        deeper()\n"])[0].result() == Completion("    deeper()")
+    assert _run(shape, ["  shallow()\n"])[0].result() == Completion("shallow()")
+    assert _run(shape, ["\tx = 1\n"])[0].result() == Completion("x = 1")
+    assert _run(shape, ["   "])[0].result() is None  # only whitespace ever came
+    assert _run(_shape(False, "", from_line_start=True), ["    x = 1\n"])[0].result() == Completion("    x = 1")
+    block = _shape(True, "    ", from_line_start=True)
+    draft, _ = _run(block, ["    a = 1\n", "    b = 2\n", "c = 3\n"])
+    assert draft.result() == Completion("a = 1\n    b = 2")
 
 
 def test_max_lines_stops_a_runaway_block():

@@ -17,7 +17,7 @@ let status: vscode.StatusBarItem | undefined;
 const SERVER_SETTINGS = [
   'enabled', 'server', 'authTokenFile', 'tls', 'tlsRootCertFile', 'debounceMs', 'maxTokens',
   'singleLineMaxTokens', 'enableInComments', 'enableInStrings', 'maxFileBytes', 'repositoryContext',
-  'disabledLanguages',
+  'blankLineFromLineStart', 'disabledLanguages',
 ];
 
 function serverSettings(): Record<string, unknown> {
