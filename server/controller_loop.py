@@ -177,7 +177,7 @@ class ControllerLoop:
                 output_tokens=record.completion_tokens,
                 batch_size=max(1, running),
                 prompt_tokens=record.prompt_tokens,
-                ttft_batch_size=max(1, record.running_at_first_token) if record.running_at_first_token else None,
+                ttft_batch_size=record.running_at_first_token or None,  # 0: not known
             ),
             now=self.clock(),
         )

@@ -325,7 +325,7 @@ class Controller:
         else:
             threshold = hy.margin + hy.confidence_z * self._gain_error(active, best, load)
         if (gain >= threshold and not slo_fix and not after_probe and best.schedule not in self._warm
-                and not self._rebuild_pays(a_tpot, b_tpot)):
+                and self._tpot_if_rebuilt(a_tpot, b_tpot) >= a_tpot):
             self._reset_streak(now)
             return self._hold(now, load, "rebuild_cost",
                               f"{best.config.label()} predicted {gain:.0%} faster than {active.config.label()}, but a "
@@ -532,9 +532,8 @@ class Controller:
             return best
         limit = b_tpot * (1.0 + self.settings.hysteresis.margin)
         a_tpot = active.prediction.tpot_s
-        if a_tpot is not None and a_tpot * self.build_slowdown > b_tpot:
-            share = min(1.0, self.rebuild_s / self.settings.hysteresis.load_horizon_s)
-            limit = max(limit, b_tpot + share * (a_tpot * self.build_slowdown - b_tpot))
+        if a_tpot is not None:
+            limit = max(limit, self._tpot_if_rebuilt(a_tpot, b_tpot))
         chosen = None
         for sched in self._warm:
             if sched == self._schedule:
@@ -549,14 +548,15 @@ class Controller:
                 chosen = plan
         return chosen or best
 
-    def _rebuild_pays(self, active_tpot: float, best_tpot: float) -> bool:
-        """Building the best beats staying over the load's horizon H, counting
-        the R seconds of the build during which the active engine serves s
-        times slower: R * s * active + (H - R) * best < H * active. With s = 1
-        that is any gain; with R = 38 s and s = 2 it takes about half the TPOT."""
-        horizon = self.settings.hysteresis.load_horizon_s
-        r = min(self.rebuild_s, horizon)
-        return r * self.build_slowdown * active_tpot + (horizon - r) * best_tpot < horizon * active_tpot
+    def _tpot_if_rebuilt(self, active_tpot: float, best_tpot: float) -> float:
+        """Mean TPOT over the load's horizon H if the best is built now: the
+        active engine serves the R seconds of the build s times slower, then
+        the best serves the rest, (R * s * active + (H - R) * best) / H. A
+        warm engine below it wins over the build (``_prefer_warm``); a build
+        not below ``active_tpot`` does not pay (with s = 1 any gain pays; with
+        R = 38 s and s = 2 it takes about half the TPOT)."""
+        share = min(1.0, self.rebuild_s / self.settings.hysteresis.load_horizon_s)
+        return share * self.build_slowdown * active_tpot + (1.0 - share) * best_tpot
 
     def _gain_error(self, a: _ModePlan, b: _ModePlan, load: float) -> float:
         """Standard error of the predicted relative TPOT gain of b over a."""
