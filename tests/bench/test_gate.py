@@ -162,3 +162,21 @@ def test_controller_replay_on_a_recorded_gate_run():
     assert regret <= load_thresholds()["controller_regret"].max
     only, _, own = gate.controller_regret(raw, sim_s=600.0, resamples=0)
     assert own == [only] == [replays[0]]
+
+
+def test_controller_replay_ignores_ttft_against_the_inline_slo():
+    """The replay gates TPOT regret. A loaded CI machine once doubled the
+    speculative configs' TTFT past the inline SLO (0.3 s p95); the controller
+    then stayed on off and the gate failed at 0.38 with no change to the code.
+    The same recording with the speculative TTFTs doubled replays as before."""
+    pytest.importorskip("quickdraft.server.controller")
+    raw = _recorded_gate_run()
+    slow = _recorded_gate_run()
+    for name, p in slow["paths"].items():
+        if p.k:
+            p.ttft_s = [None if t is None else 2.0 * t for t in p.ttft_s]
+    assert sorted(slow["paths"]["p5"].ttft_s)[-2] > 0.3  # past the inline SLO at p95
+    base, _, _ = gate.controller_regret(raw, sim_s=600.0, resamples=2)
+    doubled, _, _ = gate.controller_regret(slow, sim_s=600.0, resamples=2)
+    assert doubled == pytest.approx(base, abs=0.02)
+    assert doubled <= load_thresholds()["controller_regret"].max
