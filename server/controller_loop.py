@@ -103,6 +103,7 @@ class ControllerLoop:
         self._prewarm_task: asyncio.Task | None = None
         self.applied_switches = 0
         self.skipped_during_builds = 0
+        self.skipped_while_shared = 0
         self.failed_switches = 0
         service.observers.callbacks.append(self.on_request)
 
@@ -167,6 +168,14 @@ class ControllerLoop:
             # which is what a rebuild costs the requests served meanwhile.
             self.skipped_during_builds += 1
             self.ctl.observe_during_build(record.tpot_s, max(1, running))
+            return
+        if self.engines.contended_since(time.monotonic() - record.duration_s):
+            # Ran while another engine shared the machine: the one switched
+            # away from still finishing its streams, or a build that ended
+            # mid-request. On a 2-core CPU the first figures of a new engine,
+            # taken while the old one drained, once read 50.8 ms for a config
+            # that serves at 25 ms, and the controller switched back.
+            self.skipped_while_shared += 1
             return
         self.ctl.observe(
             Observation.from_speculative_stats(

@@ -86,6 +86,7 @@ class EngineManager:
         self.standby: dict[SpecMode, Engine] = {}  # oldest first
         self._prewarming: set[SpecMode] = set()
         self._prewarmed: SpecMode | None = None  # evicted last: it was built for a load not seen yet
+        self._contended_until = 0.0  # time.monotonic() when the serving engine last stopped sharing the machine
 
     @property
     def building(self) -> bool:
@@ -94,12 +95,31 @@ class EngineManager:
         return self.state == SWITCHING or bool(self._prewarming)
 
     @property
+    def contended(self) -> bool:
+        """The serving engine shares the machine with another one: a build
+        beside it, or an engine switched away from that still finishes its
+        streams."""
+        return self.building or any(n > 0 for key, n in self._in_flight.items() if self.engine is None or key != id(self.engine))
+
+    def contended_since(self, t: float) -> bool:
+        """Whether the serving engine shared the machine at any time since
+        ``t`` (``time.monotonic()``): a request that ran then measured the
+        other engine's load as much as its own config."""
+        return self.contended or t <= self._contended_until
+
+    def _contention_over(self) -> None:
+        if not self.contended:
+            self._contended_until = time.monotonic()
+
+    @property
     def standby_capacity(self) -> int:
         return self.cfg.controller.standby_engines
 
     def _set(self, state: str) -> None:
         if state != self.state:
             log.info("engine state: %s -> %s", self.state, state)
+            if self.state == SWITCHING:
+                self._contended_until = time.monotonic()  # the build beside the serving engine is over
             self.state = state
             self._on_state(state)
 
@@ -140,6 +160,8 @@ class EngineManager:
             self._in_flight[key] -= 1
             if self._in_flight[key] == 0:
                 self._idle[key].set()
+                if self.engine is None or key != id(self.engine):
+                    self._contention_over()  # a retired engine's last stream
 
     def in_flight(self, engine: Engine | None = None) -> int:
         engine = engine or self.engine
@@ -230,6 +252,7 @@ class EngineManager:
             return False
         finally:
             self._prewarming.discard(mode)
+            self._contended_until = time.monotonic()
         if self.state in (STOPPED, DRAINING) or (self.engine is not None and self.engine.mode == mode):
             await asyncio.to_thread(engine.shutdown)
             return False

@@ -89,6 +89,34 @@ def test_requests_served_while_an_engine_is_built_are_not_observations(tmp_path,
     asyncio.run(run())
 
 
+def test_requests_that_shared_the_machine_with_a_draining_engine_are_not_observations(tmp_path):
+    """After a switch the old engine finishes its streams on the same cores:
+    requests of the new engine that overlap that drain measure both engines,
+    so they are skipped, and so is one that started before the drain ended."""
+    async def run():
+        cfg, manager, service, loop, made = make(tmp_path, **{"controller.standby_engines": "0"})
+        await manager.start(loop.start_mode())
+        old_stream = manager.lease()
+        await old_stream.__aenter__()  # a stream still running on the old engine
+        assert await manager.switch(SpecMode.off(), "test")
+        assert manager.contended and not manager.building
+        async for _ in service.complete(pb.CompleteRequest(prefix="x")):
+            pass
+        assert loop.ctl.observations == 0 and loop.skipped_while_shared == 1
+        await old_stream.__aexit__(None, None, None)  # the drain is over
+        assert not manager.contended
+        # finished now, but started 5 s ago, while the old engine still ran
+        loop.on_request(RequestRecord("inline", 0.1, 0.003, 5.0, 5, 8, "stop", "off", [], 0), pb.SpeculativeStats())
+        assert loop.ctl.observations == 0 and loop.skipped_while_shared == 2
+        await asyncio.sleep(0.01)
+        async for _ in service.complete(pb.CompleteRequest(prefix="x")):
+            pass
+        assert loop.ctl.observations == 1
+        await manager.stop()
+
+    asyncio.run(run())
+
+
 def test_a_switch_decision_rebuilds_the_engine_and_saves_the_profile(tmp_path):
     async def run():
         cfg, manager, service, loop, made = make(tmp_path)
