@@ -220,6 +220,10 @@ class ControllerConfig:
     2-core CPU). Each costs the model's memory and engine.cpu_kv_cache_gib
     (CPU) or its GPU memory share; an idle vLLM engine waits without using a
     core. 0: every switch rebuilds."""
+    observations_file: str | None = None
+    """Append every observation the controller takes to this file (JSON
+    lines: seconds since start and the Observation), to replay a live run
+    offline (``sim.TraceEngine``, ``Observation.from_dict``). None: off."""
 
 
 @dataclass

@@ -10,6 +10,7 @@ The tuned profile is saved after each applied switch and on stop.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
@@ -104,6 +105,8 @@ class ControllerLoop:
         self.applied_switches = 0
         self.skipped_during_builds = 0
         self.skipped_while_shared = 0
+        path = cfg.controller.observations_file
+        self._observations_out = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 - open for the server's life
         self.failed_switches = 0
         service.observers.callbacks.append(self.on_request)
 
@@ -147,6 +150,9 @@ class ControllerLoop:
             if task is not None:
                 task.cancel()
         self.save()
+        if self._observations_out is not None:
+            self._observations_out.close()
+            self._observations_out = None
 
     def save(self) -> None:
         try:
@@ -177,19 +183,21 @@ class ControllerLoop:
             # that serves at 25 ms, and the controller switched back.
             self.skipped_while_shared += 1
             return
-        self.ctl.observe(
-            Observation.from_speculative_stats(
-                spec,
-                latency_class=record.latency_class,
-                ttft_s=record.ttft_s,
-                tpot_s=record.tpot_s,
-                output_tokens=record.completion_tokens,
-                batch_size=max(1, running),
-                prompt_tokens=record.prompt_tokens,
-                ttft_batch_size=record.running_at_first_token or None,  # 0: not known
-            ),
-            now=self.clock(),
+        obs = Observation.from_speculative_stats(
+            spec,
+            latency_class=record.latency_class,
+            ttft_s=record.ttft_s,
+            tpot_s=record.tpot_s,
+            output_tokens=record.completion_tokens,
+            batch_size=max(1, running),
+            prompt_tokens=record.prompt_tokens,
+            ttft_batch_size=record.running_at_first_token or None,  # 0: not known
         )
+        now = self.clock()
+        self.ctl.observe(obs, now=now)
+        if self._observations_out is not None:
+            self._observations_out.write(json.dumps({"t": round(now, 3), "observation": obs.to_dict()}) + "\n")
+            self._observations_out.flush()
 
     # --- the loop ----------------------------------------------------------------
 

@@ -87,6 +87,7 @@ class EngineManager:
         self._prewarming: set[SpecMode] = set()
         self._prewarmed: SpecMode | None = None  # evicted last: it was built for a load not seen yet
         self._contended_until = 0.0  # time.monotonic() when the serving engine last stopped sharing the machine
+        self._stopping = 0  # engines being shut down
 
     @property
     def building(self) -> bool:
@@ -97,9 +98,9 @@ class EngineManager:
     @property
     def contended(self) -> bool:
         """The serving engine shares the machine with another one: a build
-        beside it, or an engine switched away from that still finishes its
-        streams."""
-        return self.building or any(n > 0 for key, n in self._in_flight.items() if self.engine is None or key != id(self.engine))
+        beside it, an engine switched away from that still finishes its
+        streams, or one being shut down."""
+        return self.building or self._stopping > 0 or any(n > 0 for key, n in self._in_flight.items() if self.engine is None or key != id(self.engine))
 
     def contended_since(self, t: float) -> bool:
         """Whether the serving engine shared the machine at any time since
@@ -264,9 +265,14 @@ class EngineManager:
     async def _retire(self, engine: Engine, timeout: float) -> None:
         if not await self._wait_idle(engine, timeout):
             log.warning("old engine still had %d streams after %.0f s; stopping it", self.in_flight(engine), timeout)
-        await asyncio.to_thread(engine.shutdown)
-        self._in_flight.pop(id(engine), None)
-        self._idle.pop(id(engine), None)
+        self._stopping += 1  # a vLLM engine's shutdown takes the CPU for a few seconds
+        try:
+            await asyncio.to_thread(engine.shutdown)
+        finally:
+            self._stopping -= 1
+            self._in_flight.pop(id(engine), None)
+            self._idle.pop(id(engine), None)
+            self._contention_over()
 
     async def _watch(self) -> None:
         """Restart the engine when it dies (vLLM marks it errored)."""

@@ -103,8 +103,12 @@ def test_requests_that_shared_the_machine_with_a_draining_engine_are_not_observa
         async for _ in service.complete(pb.CompleteRequest(prefix="x")):
             pass
         assert loop.ctl.observations == 0 and loop.skipped_while_shared == 1
-        await old_stream.__aexit__(None, None, None)  # the drain is over
-        assert not manager.contended
+        await old_stream.__aexit__(None, None, None)  # the drain is over; the old engine is shut down
+        for _ in range(500):
+            if made[0].dead and not manager.contended:
+                break
+            await asyncio.sleep(0.01)
+        assert not manager.contended and made[0].dead
         # finished now, but started 5 s ago, while the old engine still ran
         loop.on_request(RequestRecord("inline", 0.1, 0.003, 5.0, 5, 8, "stop", "off", [], 0), pb.SpeculativeStats())
         assert loop.ctl.observations == 0 and loop.skipped_while_shared == 2
@@ -283,3 +287,30 @@ def test_standby_engines_are_validated():
     cfg = load_config(env={}, overrides={"controller.standby_engines": "9"})
     with pytest.raises(ConfigError, match="standby_engines"):
         cfg.validate(check_files=False, check_vllm=False)
+
+
+def test_observations_are_recorded_for_replay_when_asked(tmp_path):
+    import json
+
+    from quickdraft.server.controller import Observation
+
+    path = tmp_path / "observations.jsonl"
+
+    async def run():
+        cfg, manager, service, loop, _ = make(tmp_path, **{"controller.observations_file": str(path)})
+        await manager.start(loop.start_mode())
+        seen = []
+        real = loop.ctl.observe
+        loop.ctl.observe = lambda obs, now=None: (seen.append(obs), real(obs, now=now))
+        for _ in range(2):
+            async for _ in service.complete(pb.CompleteRequest(prefix="x")):
+                pass
+        loop.stop()
+        await manager.stop()
+        return seen
+
+    seen = asyncio.run(run())
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(seen) == len(lines) == 2
+    assert [Observation.from_dict(d["observation"]) for d in lines] == seen
+    assert seen[0].config.enabled and seen[0].num_drafts > 0  # the speculative counters survive the round trip

