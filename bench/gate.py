@@ -20,6 +20,10 @@ server's engine twice, and the second would skip its prefill.
 
 - ``spec_tpot_ratio``: best P-EAGLE TPOT / no-speculation TPOT. Speculation
   must keep paying for itself on this hardware.
+- ``spec_acceptance_length``: P-EAGLE K=5's mean acceptance length (tokens
+  per verify step) on the gate's prompts. Not a time, so the same on any
+  CPU: a broken drafter or a target/drafter mismatch drops it toward 1.0
+  wherever speculation does or does not pay.
 - ``grpc_tpot_ratio`` and ``grpc_ttft_ratio``: through gRPC / straight into
   the same engine (the server's own per-token and per-request cost; the logic
   of bench/grpc_overhead.py).
@@ -309,6 +313,7 @@ def ratios(raw: dict) -> dict:
             "spec_tpot_ratio": None if best is None else measured[best],
             "grpc_tpot_ratio": paired_median_ratio(grpc_p.tpot_s, direct_p.tpot_s),
             "grpc_ttft_ratio": paired_median_ratio(grpc_p.ttft_s, direct_p.ttft_s),
+            "spec_acceptance_length": per_path[f"p{k}"]["mean_acceptance_length"],
         },
         "best_parallel": best,
         "spec_tpot_ratio_by_k": spec_by_k,
