@@ -347,9 +347,13 @@ class Controller:
             if self._streak_count < hy.sustain_decisions or now - self._streak_since < hy.sustain_s:
                 return self._hold(now, load, "sustaining",
                                   f"{why}; sustained {self._streak_count}/{hy.sustain_decisions} decisions", plan=active)
-            # a load change since the last switch is not noise: a shorter dwell applies
+            # a load change since the last switch is not noise: a shorter dwell
+            # applies. Not to leaving for the SLO: that judges the engine just
+            # switched to on its first requests, slow while its prefix cache is
+            # cold (tenth phases run: off judged over the SLO 16 s after the
+            # switch to it, then a rebuild under full load, 56 ms TPOT).
             dwell = hy.min_dwell_s
-            if self._last_load_change_at > self._last_switch_decided_at:
+            if self._last_load_change_at > self._last_switch_decided_at and not slo_fix:
                 dwell = min(dwell, hy.min_dwell_after_load_change_s)
             if now - self._last_switch_at < dwell:
                 return self._hold(now, load, "dwell",

@@ -457,3 +457,40 @@ def test_rebuild_time_is_measured_and_remembered():
     clock.advance(20.0)
     fresh.applied(d)
     assert fresh.rebuild_s == pytest.approx(31.0)
+
+
+def test_leaving_for_the_slo_waits_the_full_dwell_even_after_a_load_change():
+    """After a load change the dwell shortens, so the controller can follow the
+    load. Leaving for the TTFT SLO does not get that: the engine switched to
+    is judged on its first requests, while its prefix cache is still cold."""
+    from quickdraft.server.controller.controller import _ModePlan
+    from quickdraft.server.controller.estimator import Prediction
+    from quickdraft.server.controller.spec import AUTOREGRESSIVE, OFF, KSchedule
+
+    eng = SimulatedEngine(CPU_COST, SimAcceptance(), seed=0)
+    ctl, clock = calibrated(eng)
+    ctl.activate(SpecConfig.off())
+    hy = ctl.settings.hysteresis
+    switched = clock.t
+    ctl._last_switch_at = ctl._last_switch_decided_at = switched
+    ctl._last_load_change_at = switched + 1.0  # the load rose after the switch
+    off, ar7 = SpecConfig.off(), SpecConfig(False, 7)
+    over = _ModePlan(OFF, None, Prediction(off, 8.0, 0.015, 1.0, 1.0, 1.0, 0.015, {"inline": 0.5}, slo_excess=1.7))
+    meets = _ModePlan(AUTOREGRESSIVE, KSchedule.uniform(ar7, 16),
+                      Prediction(ar7, 8.0, 0.08, 3.0, 2.8, 3.2, 0.027, {"inline": 0.25}, slo_excess=0.8))
+    ctl._plans = lambda now, load: [over, meets]
+    ctl._active_plan = lambda load: over
+    ctl._prefer_warm = lambda now, load, best, active: best
+    ctl._trusted = lambda mode: True
+    decisions = []
+    while clock.t < switched + hy.min_dwell_s + 5:
+        clock.advance(2.0)
+        ctl.observe_engine(EngineSnapshot(running=8))
+        d = ctl.decide()
+        decisions.append((clock.t - switched, d))
+        if d.action != "hold":
+            break
+    first_switch = next(t for t, d in decisions if d.action == "switch")
+    assert first_switch >= hy.min_dwell_s > hy.min_dwell_after_load_change_s
+    assert any(d.reason_code == "dwell" and "meets the TTFT SLO" in d.reason for t, d in decisions)
+    assert decisions[-1][1].reason_code == "slo"
