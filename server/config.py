@@ -222,8 +222,9 @@ class ControllerConfig:
     core. 0: every switch rebuilds."""
     observations_file: str | None = None
     """Append every observation the controller takes to this file (JSON
-    lines: seconds since start and the Observation), to replay a live run
-    offline (``sim.TraceEngine``, ``Observation.from_dict``). None: off."""
+    lines: ``t``, the controller clock's Unix time, and the Observation), to
+    replay a live run offline (``Observation.from_dict``, ``sim.TraceEngine``).
+    None: off."""
 
 
 @dataclass

@@ -100,7 +100,8 @@ class EngineManager:
         """The serving engine shares the machine with another one: a build
         beside it, an engine switched away from that still finishes its
         streams, or one being shut down."""
-        return self.building or self._stopping > 0 or any(n > 0 for key, n in self._in_flight.items() if self.engine is None or key != id(self.engine))
+        serving = id(self.engine) if self.engine is not None else None
+        return self.building or self._stopping > 0 or any(n > 0 for key, n in self._in_flight.items() if key != serving)
 
     def contended_since(self, t: float) -> bool:
         """Whether the serving engine shared the machine at any time since
