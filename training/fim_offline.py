@@ -7,10 +7,9 @@
     python -m training.fim_offline score --prompts prompts.jsonl --generations gens.jsonl
 
 Prompts are built by the benchmark's own functions (``make_tasks``,
-``tree_sitter_request``, ``plain_request``) and rendered and tokenized as the
-server does (``prompt_format.segments``, user text with special-token parsing
-off). The bridge's bytes-per-token learning is replayed per condition
-(``BytesPerToken``: the announced 3.45, then each prompt's own ratio; a prompt
+``tree_sitter_request``, ``plain_request``) and rendered and tokenized by the
+server's own ``tokenize`` (user text with special-token parsing off). The
+bridge's bytes-per-token learning is replayed per condition (``BytesPerToken``: the announced 3.45, then each prompt's own ratio; a prompt
 over the server's limit of 1,008 tokens is rebuilt once with the corrected
 ratio, as ``Backend.complete_within_budget`` does). Answers go through the
 same ``Draft`` (first line that is not blank, cursor on a blank line asked from
@@ -30,36 +29,21 @@ ANNOUNCED_CHARS_PER_TOKEN = 3.45
 MAX_PROMPT_TOKENS = 1024 - 16  # server/config.py max_prompt_tokens(): max_model_len - 16
 MAX_TOKENS = 48  # fim_quality --max-tokens default
 CONDITIONS = ("tree-sitter", "plain window")
-TOKENIZER = "quickdraft/models/embedded/target/tokenizer.json"
+TARGET = "quickdraft/models/embedded/target"
 
 
-class ServerTokens:
-    """The server's PromptTokenizer on the tokenizers library alone."""
+def server_tokenizer(target_dir: str):
+    """Request -> token ids exactly as the server computes them (server/requests.py ``tokenize``)."""
+    from transformers import AutoTokenizer
 
-    def __init__(self, path: str):
-        from tokenizers import Tokenizer
+    from quickdraft.server.prompt_tokens import PromptTokenizer
+    from quickdraft.server.requests import tokenize
 
-        self.text_tok = Tokenizer.from_file(path)
-        self.text_tok.encode_special_tokens = True
-        self.vocab = self.text_tok.get_vocab()
-
-    def ids(self, request) -> list[int]:
-        from quickdraft.prompt_format import CodeContext, segments
-
-        ctx = CodeContext(
-            prefix=request.prefix,
-            suffix=request.suffix if request.HasField("suffix") else None,
-            file_path=request.file_path,
-            repo_name=request.repo_name,
-            context_files=[(f.path, f.content) for f in request.context_files],
-        )
-        out: list[int] = []
-        for special, text in segments(ctx):
-            out += [self.vocab[text]] if special else self.text_tok.encode(text, add_special_tokens=False).ids
-        return out
+    tokens = PromptTokenizer(AutoTokenizer.from_pretrained(target_dir))
+    return lambda request: tokenize(tokens, request, "qwen-fim")
 
 
-def build_prompts(source_dir: str, tasks: int, seed: int, out: str, neighbours: int = 4, tokenizer: str = TOKENIZER) -> dict:
+def build_prompts(source_dir: str, tasks: int, seed: int, out: str, neighbours: int = 4, target_dir: str = TARGET) -> dict:
     from quickdraft.bench import fim_quality as fq
     from quickdraft.lsp_bridge.context import Budget
     from quickdraft.lsp_bridge.settings import Settings
@@ -74,7 +58,7 @@ def build_prompts(source_dir: str, tasks: int, seed: int, out: str, neighbours: 
         "plain window": lambda task, b: fq.plain_request(task, root, b, settings),
     }
     ratios = {name: BytesPerToken(ANNOUNCED_CHARS_PER_TOKEN) for name in builders}
-    tokens = ServerTokens(tokenizer)
+    token_ids = server_tokenizer(target_dir)
     stats = {name: {"rebuilt": 0, "refused": 0, "tokens": [], "context_files": []} for name in builders}
     with open(out, "w") as f:
         for i, task in enumerate(task_list):
@@ -84,7 +68,7 @@ def build_prompts(source_dir: str, tasks: int, seed: int, out: str, neighbours: 
                 ratio = ratios[name]
                 for attempt in range(2):
                     request = build(task, Budget(BUDGET_TOKENS, ratio.value(task.path, task.language)))
-                    ids = tokens.ids(request)
+                    ids = token_ids(request)
                     if len(ids) <= MAX_PROMPT_TOKENS:
                         ratio.observe(task.path, task.language, prompt_bytes(request), len(ids))
                         break
