@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from quickdraft.bench.workload import WorkloadSpec
+from quickdraft.bench.workload import HELDOUT_PACKAGES_SOURCE, WorkloadSpec
 
 
 def _floats(text: str, n: int) -> tuple[float, ...]:
@@ -59,6 +59,8 @@ def _overrides(items: list[str]) -> dict[str, str]:
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--source-dir", help="cut FIM tasks from the source files under DIR (default: the held-out prompts)")
+    g.add_argument("--heldout-packages", action="store_true",
+                   help="cut distinct FIM tasks from the installed held-out distributions (as many as --tasks; no prompt repeats)")
     g.add_argument("--tasks", type=int, default=256, help="distinct tasks (requests cycle over them)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--single-line-share", type=float, default=0.5, help="share of single-line tasks (stop at newline)")
@@ -72,7 +74,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
 
 def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
     return WorkloadSpec(
-        source=args.source_dir or "heldout",
+        source=args.source_dir or (HELDOUT_PACKAGES_SOURCE if args.heldout_packages else "heldout"),
         tasks=args.tasks,
         seed=args.seed,
         single_line_share=args.single_line_share,

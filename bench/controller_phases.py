@@ -63,6 +63,7 @@ from typing import Callable, Sequence
 from quickdraft.bench import report, servers
 from quickdraft.bench.figures import summarize_run
 from quickdraft.bench.loadgen import GrpcTarget, Result, RunOutcome, RunSpec, send_safely
+from quickdraft.bench.stats import percentile
 from quickdraft.bench.sweep import SweepConfig, all_configs, controller_available
 from quickdraft.bench.workload import Planned, Workload, WorkloadSpec
 
@@ -71,7 +72,6 @@ SETTLE_S = 30.0
 TOLERANCE = 0.05
 SEED_CONFIG = "p5"  # the seed's fixed config: P-EAGLE K=5
 STATIC_MODES = ("off", "autoregressive", "parallel")
-WARMUP_OFFSET = 500_000  # workload indices of the controller's warm-up load
 SWITCHING_STATES = ("switching", "restarting")  # ServerInfo.state while an engine is being (re)built
 
 
@@ -156,13 +156,32 @@ def phase_at(t: float, phases: Sequence[Phase]) -> Phase | None:
     return None
 
 
-def index_bases(n_tasks: int, phases: Sequence[Phase]) -> dict[int, int]:
-    """Phase p's request k is workload index base[p] + k: phases start at
-    evenly spread tasks (so phase 3 does not replay phase 1's prompts into the
-    prefix cache while they are fewer than tasks / phases)."""
+def task_slices(n_tasks: int, phases: Sequence[Phase]) -> dict[int, tuple[int, int]]:
+    """Phase p's request k is workload index start + k of its slice ``(start, size)``.
+
+    The tasks are cut into one slice per measured phase, sized by its streams,
+    plus one (key -1) for the warm-up load: the controller's warm-up phase, and
+    every server's warm-up requests, which take the last tasks. So no phase
+    meets another's prompts in the prefix cache unless it runs past its slice
+    (``repeated_prompts``). The slices depend on the measured phases only:
+    every config, controller or static, gets the same requests.
+    """
     measured = [p for p in phases if p.measured]
-    stride = max(1, n_tasks // max(1, len(measured)))
-    return {-1: WARMUP_OFFSET, **{p.index: p.index * stride for p in measured}}
+    keys = [p.index for p in measured] + [-1]
+    weights = [p.concurrency for p in measured] + [measured[0].concurrency]
+    unit = n_tasks / sum(weights)
+    edges = [round(unit * sum(weights[:i])) for i in range(len(weights) + 1)]
+    return {k: (edges[i], max(1, edges[i + 1] - edges[i])) for i, k in enumerate(keys)}
+
+
+def repeated_prompts(reqs: Sequence["Req"], phases: Sequence[Phase], slices: dict[int, tuple[int, int]]) -> dict[int, int]:
+    """Per measured phase, how many of its requests ran past its slice of tasks (a prompt seen before)."""
+    out = {}
+    for p in phases:
+        if p.measured:
+            start, size = slices[p.index]
+            out[p.index] = sum(1 for r in reqs if r.index >= start + size and phase_at(r.start_s, phases) == p)
+    return out
 
 
 REQ_COLUMNS = ["index", "start_s", "end_s", "outcome", "tokens", "decode_s", "ttft_s", "error"]
@@ -248,7 +267,7 @@ def window_tpot_ms(reqs: Sequence[Req], t0: float, t1: float) -> float | None:
 # --- driving the load ------------------------------------------------------------------
 
 
-async def drive(target, workload: Workload, phases: Sequence[Phase], bases: dict[int, int], origin: float,
+async def drive(target, workload: Workload, phases: Sequence[Phase], slices: dict[int, tuple[int, int]], origin: float,
                 on_request: Callable[[Result, Req], None] | None = None) -> list[tuple[Result, Req]]:
     """A closed loop whose concurrency follows ``phases`` without a pause:
     slot j sends while the current phase has more than j streams, and sleeps
@@ -279,7 +298,7 @@ async def drive(target, workload: Workload, phases: Sequence[Phase], bases: dict
                 continue
             k = counters[p.index]
             counters[p.index] += 1
-            planned = workload.planned(bases[p.index] + k)
+            planned = workload.planned(slices[p.index][0] + k)
             t0 = now()
             r = await send_safely(target, planned, origin)
             q = Req.from_result(r, t0, now())
@@ -533,6 +552,19 @@ def tpot_in(run: dict, phase: Phase, t_from: float = 0.0, reqs: list[Req] | None
     return None if fig is None else fig.get("tpot_ms_token_weighted")
 
 
+def ttft_p95_in(run: dict, phase: Phase, t_from: float = 0.0, reqs: list[Req] | None = None) -> float | None:
+    """``run``'s TTFT p95 (s) over the completed requests that started in ``phase`` ``t_from`` s or
+    more after it began (a run with figures only: its phase figure's)."""
+    reqs = reqs if reqs is not None else reqs_of(run)
+    if reqs is not None:
+        xs = [r.ttft_s for r in reqs if r.ttft_s is not None and phase.start_s + t_from <= r.start_s < phase.end_s]
+        return percentile(xs, 95) if xs else None
+    ph = next((x for x in run.get("phases") or [] if x and x.get("phase") == phase.index), None)
+    fig = None if ph is None else (ph.get("settled" if t_from > 0 else "whole") or ph.get("whole"))
+    p95_ms = ((fig or {}).get("ttft_ms") or {}).get("p95")
+    return None if p95_ms is None else p95_ms / 1000.0
+
+
 def best_static(statics: Sequence[tuple[dict, list[Req] | None]], phase: Phase, t_from: float) -> tuple[dict | None, float | None]:
     best, value = None, None
     for run, reqs in statics:
@@ -606,7 +638,11 @@ def combine_accounting(accs: Sequence[dict]) -> dict:
     }
 
 
-def verdicts(runs: Sequence[dict], phases: Sequence[Phase], settle_s: float, tolerance: float, seed: str = SEED_CONFIG) -> dict:
+def verdicts(runs: Sequence[dict], phases: Sequence[Phase], settle_s: float, tolerance: float, seed: str = SEED_CONFIG,
+             ttft_slo_s: float | None = None) -> dict:
+    """Controller against the best static config per phase; with ``ttft_slo_s`` (the inline TTFT
+    SLO at p95 the controller works under) also against the best static config that met it,
+    the one the controller is asked to find (a static over the SLO is not a config it may pick)."""
     groups = by_config([r for r in runs if r.get("phases") and not r.get("error")])
     statics = [(r, q) for r, q, _ in groups if r.get("mode") in STATIC_MODES]
     static_rounds = {r["label"]: rounds for r, _, rounds in groups if r.get("mode") in STATIC_MODES}
@@ -627,6 +663,13 @@ def verdicts(runs: Sequence[dict], phases: Sequence[Phase], settle_s: float, tol
             "within_tolerance": None, "reached_s": None,
             "seed_tpot_ms": None, "seed_tpot_ms_whole": None, "controller_vs_seed": None, "controller_vs_seed_whole": None,
         }
+        if ttft_slo_s is not None:
+            p95 = {r["label"]: ttft_p95_in(r, p, settle_s, q) for r, q in statics}
+            feasible = [(r, q) for r, q in statics if p95[r["label"]] is not None and p95[r["label"]] <= ttft_slo_s]
+            b_f, v_f = best_static(feasible, p, settle_s)
+            row["static_ttft_p95_ms"] = {k: _round(None if v is None else 1000 * v, 1) for k, v in p95.items()}
+            row["best_feasible_static"], row["best_feasible_static_tpot_ms"] = b_f and b_f["label"], _round(v_f)
+            row["regret_vs_feasible"] = row["within_tolerance_vs_feasible"] = row["controller_ttft_p95_ms"] = None
         if seed_run is not None:
             row["seed_tpot_ms"] = _round(tpot_in(seed_run[0], p, settle_s, seed_run[1]))
             row["seed_tpot_ms_whole"] = _round(tpot_in(seed_run[0], p, 0.0, seed_run[1]))
@@ -638,6 +681,12 @@ def verdicts(runs: Sequence[dict], phases: Sequence[Phase], settle_s: float, tol
             row["regret"] = None if r_s is None else round(r_s - 1, 4)
             row["regret_whole"] = None if r_w is None else round(r_w - 1, 4)
             row["within_tolerance"] = None if r_s is None else r_s - 1 <= tolerance
+            if ttft_slo_s is not None:
+                c_p95 = ttft_p95_in(ctl[0], p, settle_s, ctl[1])
+                row["controller_ttft_p95_ms"] = _round(None if c_p95 is None else 1000 * c_p95, 1)
+                r_f = _rel(c_s, row["best_feasible_static_tpot_ms"])
+                row["regret_vs_feasible"] = None if r_f is None else round(r_f - 1, 4)
+                row["within_tolerance_vs_feasible"] = None if r_f is None else r_f - 1 <= tolerance
             row["reached_s"] = reached_within(ctl, statics, p, tolerance) if statics else None
             if seed_run is not None:
                 row["controller_vs_seed"] = _rel(c_s, row["seed_tpot_ms"])
@@ -649,7 +698,8 @@ def verdicts(runs: Sequence[dict], phases: Sequence[Phase], settle_s: float, tol
                 row["rounds"] = {"controller_tpot_ms": [_round(x) for x in ctl_r], "best_static_tpot_ms": [_round(x) for x in best_r],
                                  "regret": [None if _rel(c, b) is None else round(_rel(c, b) - 1, 4) for c, b in zip(ctl_r, best_r)]}
         rows.append(row)
-    out: dict = {"tolerance": tolerance, "settle_s": settle_s, "seed_config": seed, "statics": [r["label"] for r, _ in statics], "phases": rows}
+    out: dict = {"tolerance": tolerance, "settle_s": settle_s, "seed_config": seed, "ttft_slo_s": ttft_slo_s,
+                 "statics": [r["label"] for r, _ in statics], "phases": rows}
     if ctl is not None:
         acc = combine_accounting([rebuild_accounting(r, phases) for r, _ in ctl_group[2]])
         out["controller"] = acc
@@ -662,6 +712,10 @@ def verdicts(runs: Sequence[dict], phases: Sequence[Phase], settle_s: float, tol
             "failed_during_rebuilds_zero": acc["failed_during_rebuilds"] == 0,
             "met": bool(all_within) and acc["failed_during_rebuilds"] == 0,
         }
+        if ttft_slo_s is not None:
+            vs_f = [r["within_tolerance_vs_feasible"] for r in rows]
+            # None when a phase had no static config within the SLO (nothing to compare with).
+            out["targets"]["within_tolerance_vs_feasible_every_phase"] = None if None in vs_f else all(vs_f)
     return out
 
 
@@ -837,7 +891,8 @@ async def measure_config(conf: SweepConfig, spec: PhasesSpec, workload: Workload
             tasks = [asyncio.create_task(watch.run(stop)), asyncio.create_task(watch.at_boundaries(phases))]
             follower = asyncio.create_task(ui.follow(conf.label, phases, origin))
             try:
-                pairs = await drive(target, workload, phases, index_bases(len(workload.tasks), phases), origin, on_request=ui.request)
+                slices = task_slices(len(workload.tasks), phases)
+                pairs = await drive(target, workload, phases, slices, origin, on_request=ui.request)
                 await tasks[1]
                 stop.set()
                 await tasks[0]
@@ -850,6 +905,7 @@ async def measure_config(conf: SweepConfig, spec: PhasesSpec, workload: Workload
             row["warmup_phase"] = None if not warm_s else {"seconds": warm_s, "requests": sum(q.start_s < 0 for _, q in pairs),
                                                             "failed": sum(q.start_s < 0 and q.outcome == "failed" for _, q in pairs)}
             row["requests"] = {"columns": REQ_COLUMNS, "rows": [q.row() for _, q in pairs]}
+            row["repeated_prompts"] = repeated_prompts([q for _, q in pairs], phases, slices)
             row["server"] = watch.to_dict()
             row["engine_configs_seen"] = sorted({s[3] for s in watch.samples})
             if not is_ctl and row["engine_configs_seen"] and row["engine_configs_seen"] != [conf.label]:
@@ -873,6 +929,14 @@ async def measure_config(conf: SweepConfig, spec: PhasesSpec, workload: Workload
 
 
 # --- the whole benchmark -----------------------------------------------------------------------
+
+
+def inline_slo_s(spec: PhasesSpec) -> float | None:
+    """The inline TTFT SLO (p95, s) the controller's server runs under: its default, or what
+    ``--set controller.ttft_slo_s=...`` made it (the phases' requests are all inline)."""
+    from quickdraft.server.config import load_config
+
+    return load_config(env={}, overrides=spec.overrides).controller.ttft_slo_s.get("inline")
 
 
 def run_bench(spec: PhasesSpec, wspec: WorkloadSpec, out: Path, show_progress: bool = True, launcher=None) -> dict:
@@ -943,7 +1007,7 @@ def run_bench(spec: PhasesSpec, wspec: WorkloadSpec, out: Path, show_progress: b
             continue  # an earlier file has this config
         doc["runs"].append(r)
     doc["machine_at_end"] = report.machine()
-    doc["verdicts"] = verdicts(doc["runs"], phases, spec.settle_s, spec.tolerance, spec.seed_config)
+    doc["verdicts"] = verdicts(doc["runs"], phases, spec.settle_s, spec.tolerance, spec.seed_config, inline_slo_s(spec))
     doc["notes"].append("Configs ran one after another, each on a freshly started server; machine noise between them is not averaged out "
                         "(load averages before and after each are in phases.json)." if spec.rounds == 1 else
                         f"Configs ran one after another, each on a freshly started server, in {spec.rounds} rounds (order reversed every other "
@@ -977,6 +1041,14 @@ def _streams(c: int) -> str:
     return f"{c} stream{'s' if c != 1 else ''}"
 
 
+def _repeats(doc: dict) -> str:
+    """How many requests met a prompt seen before in their server's run (their phase ran past its tasks)."""
+    counts = [sum((r.get("repeated_prompts") or {}).values()) for r in doc["runs"] if r.get("source", "this run") == "this run" and "repeated_prompts" in r]
+    if not counts:
+        return ""
+    return f"; each phase has its own slice of the tasks, and {max(counts)} request(s) at most per server repeated a prompt (the phase ran past its slice)"
+
+
 def markdown(doc: dict) -> str:
     spec = doc["spec"]
     phases = [Phase(**p) for p in doc["phases"]]
@@ -993,7 +1065,7 @@ def markdown(doc: dict) -> str:
         f"Load: closed loop, {' → '.join(_streams(p.concurrency) for p in phases)}, {spec['phase_seconds']:.0f} s per phase, back to back "
         f"on one server per config (after {spec['warmup_requests']} warm-up request(s)). Workload: {w['tasks']} tasks from {w['source']}, "
         f"{w['single_line_share']:.0%} single-line, cancel share {w['cancel_share']:.0%}, chat share {w['chat_share']:.0%}, greedy; "
-        "request k of phase p is the same for every config.", "",
+        "request k of phase p is the same for every config" + _repeats(doc) + ".", "",
         f"TPOT is token-weighted (decode time / decode tokens, client-side) over the requests that *started* in the phase; "
         f"**settled** leaves out those that started in its first {settle:g} s. Regret = controller / best static − 1.",
     ]
@@ -1016,7 +1088,13 @@ def markdown(doc: dict) -> str:
                   f"| ... reached within {settle:g} s of the phase change | {_yes(t['reached_within_settle_every_phase'])} (from {reached_text}) |",
                   f"| engine rebuilds | {_n(acc['engine_rebuilds'])} ({per_phase_rebuilds}; {acc['switches_in_warmup']} switch(es) in the warm-up) |",
                   f"| requests failed during rebuilds (target 0) | {acc['failed_during_rebuilds']}{' ✓' if acc['failed_during_rebuilds'] == 0 else ''} "
-                  f"(failed in all phases: {acc['failed']}) |", ""]
+                  f"(failed in all phases: {acc['failed']}) |"]
+        if v.get("ttft_slo_s") is not None:
+            vs_f = t.get("within_tolerance_vs_feasible_every_phase")
+            miss_f = ", ".join(f"phase {r['phase'] + 1} {_pct(r['regret_vs_feasible'])}" for r in per if r.get("within_tolerance_vs_feasible") is False)
+            lines.append(f"| every phase: within {tol:.0%} of the best static config that met the TTFT SLO ({1000 * v['ttft_slo_s']:.0f} ms p95) "
+                         f"| {'-' if vs_f is None else 'met' if vs_f else '**missed**' + (f' ({miss_f})' if miss_f else '')} |")
+        lines.append("")
     if v.get("phases"):
         lines += ["## Controller vs the best static config, per phase", "",
                   f"| phase | load | best static (settled) | its TPOT ms | controller TPOT ms | regret settled | best static (whole) | regret whole "
@@ -1028,6 +1106,14 @@ def markdown(doc: dict) -> str:
                          f"| {_yes(r['within_tolerance'])} | {_fmt(r['reached_s'], 0, ' s') if r['reached_s'] is not None else '-'} "
                          f"| {_fmt(r['seed_tpot_ms'])} | {_fmt(r['controller_vs_seed'], 3, 'x')} | {_fmt(r['controller_vs_seed_whole'], 3, 'x')} |")
         lines.append("")
+        if v.get("ttft_slo_s") is not None:
+            lines += [f"Within the inline TTFT SLO ({1000 * v['ttft_slo_s']:.0f} ms at p95, settled), the SLO the controller works under:", "",
+                      "| phase | best static within the SLO | its TPOT ms | regret | controller TTFT p95 ms | static TTFT p95 ms |", "|---|---|---|---|---|---|"]
+            for r in v["phases"]:
+                p95s = ", ".join(f"{k} {_fmt(x, 0)}" for k, x in (r.get("static_ttft_p95_ms") or {}).items())
+                lines.append(f"| {r['phase'] + 1} | {r.get('best_feasible_static') or 'none'} | {_fmt(r.get('best_feasible_static_tpot_ms'))} "
+                             f"| {_pct(r.get('regret_vs_feasible'))} | {_fmt(r.get('controller_ttft_p95_ms'), 0)} | {p95s} |")
+            lines.append("")
         per_round = [r for r in v["phases"] if r.get("rounds")]
         if per_round:
             lines += ["Round by round (the controller's round i against the same best static config's round i, settled): "

@@ -1,8 +1,10 @@
 """Editor-like completion traffic: FIM tasks and the typing that cancels them.
 
-Tasks come either from the held-out prompts (bench/data/heldout_prompts.jsonl:
-code from distributions held out of the embedded model's training, already
-cut at a cursor) or from a directory of real source files, cut here:
+Tasks come from the held-out prompts (bench/data/heldout_prompts.jsonl: 256
+prompts of code from distributions held out of the embedded model's training,
+already cut at a cursor), from those distributions' installed packages
+(``heldout-packages``: thousands of distinct tasks, for runs that must not
+repeat a prompt), or from a directory of real source files, cut here:
 
 - single-line: the cursor sits inside a line (after its indentation); the
   middle is the rest of that line. Requests stop at the newline and ask for
@@ -19,6 +21,7 @@ same sequence of requests.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import random
@@ -27,6 +30,10 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 HELDOUT = Path(__file__).resolve().parent / "data" / "heldout_prompts.jsonl"
+HELDOUT_PACKAGES_SOURCE = "heldout-packages"
+# The distributions training/corpus.py keeps out of the embedded model's training (its
+# HELD_OUT; a test keeps the two in step). Most are installed with quickdraft's dependencies.
+HELDOUT_DISTRIBUTIONS = ("httpx", "httpcore", "anyio", "click", "jinja2", "rich", "attrs", "yarl", "starlette", "idna")
 
 SOURCE_SUFFIXES = frozenset(
     ".py .pyi .js .jsx .ts .tsx .go .rs .java .kt .c .h .cc .cpp .hpp .cs .rb .php .swift .scala .sh .lua".split()
@@ -63,7 +70,7 @@ class Planned:
 class WorkloadSpec:
     """Everything that shapes the traffic; recorded in every report."""
 
-    source: str = "heldout"  # "heldout" or a directory
+    source: str = "heldout"  # "heldout", "heldout-packages" or a directory
     tasks: int = 128
     seed: int = 0
     single_line_share: float = 0.5
@@ -166,29 +173,55 @@ def cut(text: str, rng: random.Random, kind: str, spec: WorkloadSpec, path: str 
     )
 
 
+def heldout_package_files() -> dict[Path, str]:
+    """The source files of the installed held-out distributions, each with its name in its
+    distribution (``click/core.py``)."""
+    out = {}
+    for name in HELDOUT_DISTRIBUTIONS:
+        try:
+            files = importlib.metadata.distribution(name).files or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for f in files:
+            path = Path(f.locate())
+            if f.suffix in SOURCE_SUFFIXES and path.is_file() and 0 < path.stat().st_size <= MAX_FILE_BYTES:
+                out[path] = str(f)
+    return dict(sorted(out.items(), key=lambda kv: kv[1]))
+
+
 def source_dir_tasks(spec: WorkloadSpec, root: Path) -> list[Task]:
     """``spec.tasks`` tasks cut from random places of random files under ``root``."""
-    files = source_files(root)
+    files = {f: str(f.relative_to(root)) for f in source_files(root)}
     if not files:
         raise ValueError(f"--source-dir {root}: no source files ({', '.join(sorted(SOURCE_SUFFIXES))})")
+    tasks = cut_tasks(spec, files)
+    if not tasks:
+        raise ValueError(f"--source-dir {root}: no file had a line to cut a task from")
+    return tasks
+
+
+def cut_tasks(spec: WorkloadSpec, files: dict[Path, str]) -> list[Task]:
+    """``spec.tasks`` distinct tasks cut from random places of random ``files`` (path -> its name in
+    prompts). Distinct, so a run over them never meets a prompt in the prefix cache twice."""
     rng = random.Random(spec.seed)
+    paths = list(files)
     texts: dict[Path, str] = {}
     out: list[Task] = []
+    seen: set[tuple[str, str | None]] = set()
     attempts = 0
     while len(out) < spec.tasks and attempts < spec.tasks * 20:
         attempts += 1
-        f = rng.choice(files)
+        f = rng.choice(paths)
         if f not in texts:
             try:
                 texts[f] = f.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
                 texts[f] = ""
         kind = SINGLE if rng.random() < spec.single_line_share else MULTI
-        task = cut(texts[f], rng, kind, spec, path=str(f.relative_to(root)))
-        if task is not None:
+        task = cut(texts[f], rng, kind, spec, path=files[f])
+        if task is not None and (task.prefix, task.suffix) not in seen:
+            seen.add((task.prefix, task.suffix))
             out.append(task)
-    if not out:
-        raise ValueError(f"--source-dir {root}: no file had a line to cut a task from")
     return out
 
 
@@ -196,6 +229,11 @@ def load_tasks(spec: WorkloadSpec) -> list[Task]:
     spec.validate()
     if spec.source == "heldout":
         return heldout_tasks(spec)
+    if spec.source == HELDOUT_PACKAGES_SOURCE:
+        files = heldout_package_files()
+        if not files:
+            raise ValueError(f"{HELDOUT_PACKAGES_SOURCE}: none of {', '.join(HELDOUT_DISTRIBUTIONS)} is installed here")
+        return cut_tasks(spec, files)
     root = Path(spec.source)
     if not root.is_dir():
         raise ValueError(f"--source-dir {root}: not a directory")

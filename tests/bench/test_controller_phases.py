@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -55,8 +56,18 @@ def test_schedule_puts_the_phases_back_to_back_after_the_warmup():
     assert [(p.index, p.concurrency, p.start_s, p.end_s) for p in ph] == [(-1, 1, -20.0, 0.0), (0, 1, 0.0, 60.0), (1, 8, 60.0, 120.0), (2, 1, 120.0, 180.0)]
     assert [p.measured for p in ph] == [False, True, True, True]
     assert cp.phase_at(59.999, ph).index == 0 and cp.phase_at(60.0, ph).index == 1 and cp.phase_at(180.0, ph) is None
-    # Phases start at evenly spread tasks; the warm-up far away.
-    assert cp.index_bases(256, ph) == {-1: cp.WARMUP_OFFSET, 0: 0, 1: 85, 2: 170}
+    # Each phase gets its own slice of the tasks, sized by its streams, and the warm-up the last one;
+    # the same slices with or without the warm-up phase, so every config gets the same requests.
+    slices = cp.task_slices(1100, ph)
+    assert slices == {0: (0, 100), 1: (100, 800), 2: (900, 100), -1: (1000, 100)}
+    assert cp.task_slices(1100, [p for p in ph if p.measured]) == slices
+
+
+def test_repeated_prompts_counts_requests_past_their_phase_slice():
+    ph = schedule((1, 8, 1), 60.0)
+    slices = cp.task_slices(11, ph)  # slices of 1, 8, 1 (and 1 for the warm-up)
+    reqs = [req(1.0, index=0), req(2.0, index=1), req(61.0, index=1), req(62.0, index=9), req(121.0, index=9)]
+    assert cp.repeated_prompts(reqs, ph, slices) == {0: 1, 1: 1, 2: 0}
 
 
 def test_requests_count_for_the_phase_they_started_in():
@@ -140,6 +151,23 @@ def test_regret_per_phase_settled_and_whole_and_the_within_5_percent_verdicts():
     t = v["targets"]
     assert t["within_tolerance_every_phase"] is False and t["met"] is False
     assert t["failed_during_rebuilds_zero"] is True
+
+
+def test_regret_against_the_best_static_config_within_the_ttft_slo():
+    runs = synthetic_runs()
+    # Static off is fastest at 8 streams but its TTFT p95 breaks a 0.3 s SLO there; ar3 (8.0 ms) meets it.
+    slow_first_token = [replace(r, ttft_s=0.5) if 60 <= r.start_s < 120 else r for r in steady([10.0, 6.0, 10.0])]
+    runs[0] = run_of("off", "off", slow_first_token)
+    runs[-1] = run_of("controller", "controller", steady([6.6, 8.1, 6.7]))
+    v = cp.verdicts(runs, PHASES, 30.0, 0.05, ttft_slo_s=0.3)
+    p1, p2, _ = v["phases"]
+    assert p2["best_static"] == "off" and p2["within_tolerance"] is False
+    assert p2["static_ttft_p95_ms"]["off"] == pytest.approx(500.0) and p2["static_ttft_p95_ms"]["ar3"] == pytest.approx(50.0)
+    assert p2["best_feasible_static"] == "ar3" and p2["regret_vs_feasible"] == pytest.approx(8.1 / 8.0 - 1, abs=1e-3)
+    assert p1["best_feasible_static"] == p1["best_static"] == "ar3"
+    assert v["targets"]["within_tolerance_every_phase"] is False and v["targets"]["within_tolerance_vs_feasible_every_phase"] is True
+    # Without an SLO, no feasibility figures.
+    assert "best_feasible_static" not in cp.verdicts(runs, PHASES, 30.0, 0.05)["phases"][1]
 
 
 def test_the_targets_are_met_when_every_phase_is_within_tolerance():
@@ -337,7 +365,7 @@ def synthetic_doc() -> dict:
             "spec": {**json.loads(json.dumps(PhasesSpec().__dict__)), "controller_warmup_s": 20.0},
             "workload": {"tasks": 256, "source": "heldout", "single_line_share": 0.5, "cancel_share": 0.0, "chat_share": 0.0},
             "phases": [p.to_dict() for p in PHASES], "controller_profile": {"dir": "/tmp/x", "fresh": True},
-            "runs": runs, "verdicts": cp.verdicts(runs, PHASES, 30.0, 0.05), "notes": ["a note"]}
+            "runs": runs, "verdicts": cp.verdicts(runs, PHASES, 30.0, 0.05, ttft_slo_s=0.3), "notes": ["a note"]}
 
 
 def test_markdown_reports_targets_regret_rebuilds_and_every_config():
@@ -355,6 +383,9 @@ def test_markdown_reports_targets_regret_rebuilds_and_every_config():
     assert "| off | 10.00 / 10.00 (60 / 0) | **6.00 / 6.00 (60 / 0)** | 10.00 / 10.00 (60 / 0) | this run |" in md
     assert "| 62.0 | phase 2 | switch | parallel K=5 → off | off predicted 30% faster at 8 running |" in md
     assert "no profile (a cold start)" in md
+    # Every static met the 0.3 s SLO (50 ms TTFTs), so the best within it is the best.
+    assert "| every phase: within 5% of the best static config that met the TTFT SLO (300 ms p95) | met |" in md
+    assert "| 2 | off | 6.00 | +3.3% | 50 | off 50, p5 50, ar3 50 |" in md
     assert "- a note" in md
 
 

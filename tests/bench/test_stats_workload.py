@@ -132,6 +132,19 @@ def test_source_dir_tasks(tmp_path):
         load_tasks(WorkloadSpec(source=str(tmp_path / "missing")))
 
 
+def test_heldout_packages_give_distinct_tasks_from_the_distributions_training_held_out():
+    from training.corpus import HELD_OUT
+
+    from quickdraft.bench.workload import HELDOUT_DISTRIBUTIONS, HELDOUT_PACKAGES_SOURCE, heldout_package_files
+
+    assert set(HELDOUT_DISTRIBUTIONS) == set(HELD_OUT)
+    files = heldout_package_files()
+    assert files and {name.split("/")[0] for name in files.values()} >= {"click", "httpx", "rich"}
+    tasks = load_tasks(WorkloadSpec(source=HELDOUT_PACKAGES_SOURCE, tasks=600, seed=3))
+    assert len(tasks) == 600 and len({(t.prefix, t.suffix) for t in tasks}) == 600
+    assert all(t.path in files.values() for t in tasks)
+
+
 def test_heldout_tasks():
     tasks = heldout_tasks(WorkloadSpec(tasks=40, prefix_chars=800, suffix_chars=200))
     assert len(tasks) == 40
