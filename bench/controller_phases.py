@@ -480,9 +480,17 @@ def rebuild_windows(decisions: Sequence[dict], samples: Sequence[Sequence], end_
     return sorted(wins, key=lambda w: w["start_s"])
 
 
+def refused_as_invalid(r: Req) -> bool:
+    """Refused for what it asked (e.g. a prompt over the limit): it fails the same on every config,
+    at any time, so a rebuild did not lose it."""
+    return r.outcome == "failed" and r.error.startswith("INVALID_ARGUMENT")
+
+
 def failed_during(reqs: Sequence[Req], windows: Sequence[dict]) -> list[Req]:
-    """Failed requests (any status but OK, not the client's own cancel) in flight during a rebuild window."""
-    return [r for r in reqs if r.outcome == "failed" and any(r.start_s <= w["end_s"] and r.end_s >= w["start_s"] for w in windows)]
+    """Failed requests (any status but OK, not the client's own cancel, not refused as invalid) in
+    flight during a rebuild window."""
+    return [r for r in reqs if r.outcome == "failed" and not refused_as_invalid(r)
+            and any(r.start_s <= w["end_s"] and r.end_s >= w["start_s"] for w in windows)]
 
 
 def rebuild_accounting(run: dict, phases: Sequence[Phase]) -> dict:
@@ -514,6 +522,7 @@ def rebuild_accounting(run: dict, phases: Sequence[Phase]) -> dict:
             "engine_rebuilds": None if a is None or b is None else b - a,
             "switch_decisions": len(switches),
             "failed": sum(r.outcome == "failed" for r in groups[p.index]["whole"]),
+            "refused_as_invalid": sum(refused_as_invalid(r) for r in groups[p.index]["whole"]),
             "failed_during_rebuilds": sum(1 for r in during if p.start_s <= r.start_s < p.end_s),
         })
     total = None if marks[0] is None or marks[-1] is None else marks[-1] - marks[0]
@@ -530,6 +539,7 @@ def rebuild_accounting(run: dict, phases: Sequence[Phase]) -> dict:
         "per_phase": per_phase,
         "windows": windows,
         "failed": sum(x["failed"] for x in per_phase),
+        "refused_as_invalid": sum(x["refused_as_invalid"] for x in per_phase),
         "failed_during_rebuilds": len([r for r in during if r.start_s >= 0]),
         "failed_during_rebuilds_examples": sorted({r.error for r in during})[:5],
     }
@@ -628,12 +638,13 @@ def combine_accounting(accs: Sequence[dict]) -> dict:
     per_phase = []
     for rows in zip(*(a["per_phase"] for a in accs)):
         per_phase.append({"phase": rows[0]["phase"], **{k: None if any(r[k] is None for r in rows) else sum(r[k] for r in rows)
-                                                         for k in ("engine_rebuilds", "switch_decisions", "failed", "failed_during_rebuilds")}})
+                                                         for k in ("engine_rebuilds", "switch_decisions", "failed", "refused_as_invalid",
+                                                                   "failed_during_rebuilds")}})
     return {
         "engine_rebuilds": total("engine_rebuilds"), "source": accs[0]["source"] + f", summed over {len(accs)} rounds",
         "switches_in_warmup": total("switches_in_warmup"), "per_phase": per_phase,
         "windows": [dict(w, round=i + 1) for i, a in enumerate(accs) for w in a["windows"]],
-        "failed": total("failed"), "failed_during_rebuilds": total("failed_during_rebuilds"),
+        "failed": total("failed"), "refused_as_invalid": total("refused_as_invalid"), "failed_during_rebuilds": total("failed_during_rebuilds"),
         "failed_during_rebuilds_examples": sorted({e for a in accs for e in a["failed_during_rebuilds_examples"]})[:5],
     }
 
@@ -1088,7 +1099,8 @@ def markdown(doc: dict) -> str:
                   f"| ... reached within {settle:g} s of the phase change | {_yes(t['reached_within_settle_every_phase'])} (from {reached_text}) |",
                   f"| engine rebuilds | {_n(acc['engine_rebuilds'])} ({per_phase_rebuilds}; {acc['switches_in_warmup']} switch(es) in the warm-up) |",
                   f"| requests failed during rebuilds (target 0) | {acc['failed_during_rebuilds']}{' ✓' if acc['failed_during_rebuilds'] == 0 else ''} "
-                  f"(failed in all phases: {acc['failed']}) |"]
+                  f"(failed in all phases: {acc['failed']}, of which {acc.get('refused_as_invalid', 0)} refused as invalid, "
+                  "e.g. a prompt over the limit, as on every config) |"]
         if v.get("ttft_slo_s") is not None:
             vs_f = t.get("within_tolerance_vs_feasible_every_phase")
             miss_f = ", ".join(f"phase {r['phase'] + 1} {_pct(r['regret_vs_feasible'])}" for r in per if r.get("within_tolerance_vs_feasible") is False)
@@ -1283,6 +1295,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.set_defaults(cancel_share=0.0, chat_share=0.0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/phases"))
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--reanalyse", type=Path, metavar="PHASES_JSON",
+                    help="measure nothing: recompute the verdicts, phases.md and phases.png of an earlier run's phases.json into --out")
 
 
 def spec_from_args(args: argparse.Namespace) -> PhasesSpec:
@@ -1305,9 +1319,32 @@ def spec_from_args(args: argparse.Namespace) -> PhasesSpec:
                       preset=args.preset, overrides=_overrides(args.set), rounds=args.rounds)
 
 
+def reanalyse(path: Path, out: Path) -> dict:
+    """An earlier run's phases.json with its verdicts recomputed by this code (the measurements as
+    they were), written with its report into ``out``."""
+    doc = json.loads(path.read_text())
+    spec = PhasesSpec(**doc["spec"])
+    phases = [Phase(**p) for p in doc["phases"]]
+    doc["verdicts"] = verdicts(doc["runs"], phases, spec.settle_s, spec.tolerance, spec.seed_config, inline_slo_s(spec))
+    v = report.versions()
+    doc["notes"] = [*doc.get("notes", []), f"Verdicts recomputed from {path} by quickdraft {v['quickdraft']} ({v['git']})."]
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_json(out / "phases.json", doc)
+    (out / "phases.md").write_text(markdown(doc))
+    plot(doc, out / "phases.png")
+    return doc
+
+
 def run(args: argparse.Namespace) -> int:
     from quickdraft.bench.cli import workload_spec
 
+    if args.reanalyse is not None:
+        if Path(args.out).resolve() == args.reanalyse.resolve().parent:
+            print("quickdraft bench phases: --reanalyse writes into --out; give another folder than the run's own", file=sys.stderr)
+            return 2
+        reanalyse(args.reanalyse, Path(args.out))
+        print((Path(args.out) / "phases.md").read_text())
+        return 0
     try:
         spec = spec_from_args(args)
         wspec = workload_spec(args)

@@ -220,6 +220,8 @@ def controller_run_with_rebuilds() -> dict:
              req(100.0, outcome="failed", end=101.0, index=901, error="INTERNAL: boom"),  # not during a rebuild
              req(65.0, outcome="cancelled", end=65.1, index=902),  # the client's own cancel: not a failure
              req(152.0, outcome="failed", end=152.5, index=903, error="UNAVAILABLE: engine is restarting"),  # during the unexplained restart
+             # refused for its size during the first rebuild: it fails on every config, the rebuild did not lose it
+             req(72.0, outcome="failed", end=72.01, index=905, error="INVALID_ARGUMENT: prompt is 1028 tokens; the limit is 1008"),
              req(-3.0, outcome="failed", end=-2.0, index=904)]  # warm-up: not in any phase
     run = run_of("controller", "controller", sorted(reqs, key=lambda r: r.start_s))
 
@@ -250,9 +252,10 @@ def test_rebuilds_per_phase_and_the_requests_that_failed_during_them():
     assert [x["switch_decisions"] for x in acc["per_phase"]] == [0, 1, 1]
     assert [(w["start_s"], w["end_s"], w["to"]) for w in acc["windows"]] == [(62.0, 80.01, "off"), (125.0, 140.01, "autoregressive K=3"), (149.01, 156.01, "ar3")]
     assert acc["windows"][2]["action"] == "restarting"
-    assert [x["failed"] for x in acc["per_phase"]] == [0, 2, 1]
+    assert [x["failed"] for x in acc["per_phase"]] == [0, 3, 1]
+    assert [x["refused_as_invalid"] for x in acc["per_phase"]] == [0, 1, 0]
     assert [x["failed_during_rebuilds"] for x in acc["per_phase"]] == [0, 1, 1]
-    assert acc["failed"] == 3 and acc["failed_during_rebuilds"] == 2
+    assert acc["failed"] == 4 and acc["refused_as_invalid"] == 1 and acc["failed_during_rebuilds"] == 2
     assert "UNAVAILABLE: engine is switching" in acc["failed_during_rebuilds_examples"]
     v = cp.verdicts([*synthetic_runs()[:3], controller_run_with_rebuilds()], PHASES, 30.0, 0.05)
     assert v["controller"]["failed_during_rebuilds"] == 2 and v["targets"]["failed_during_rebuilds_zero"] is False and v["targets"]["met"] is False
@@ -368,6 +371,19 @@ def synthetic_doc() -> dict:
             "runs": runs, "verdicts": cp.verdicts(runs, PHASES, 30.0, 0.05, ttft_slo_s=0.3), "notes": ["a note"]}
 
 
+def test_reanalyse_recomputes_the_verdicts_of_an_earlier_run(tmp_path):
+    doc = synthetic_doc()
+    doc["verdicts"] = {"stale": True}
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "phases.json").write_text(json.dumps(doc))
+    cp.reanalyse(tmp_path / "run" / "phases.json", tmp_path / "again")
+    again = json.loads((tmp_path / "again" / "phases.json").read_text())
+    assert "stale" not in again["verdicts"] and again["verdicts"]["ttft_slo_s"] == pytest.approx(0.3)
+    assert [r["best_static"] for r in again["verdicts"]["phases"]] == ["ar3", "off", "ar3"]
+    assert "Verdicts recomputed from" in again["notes"][-1]
+    assert "## Targets" in (tmp_path / "again" / "phases.md").read_text() and (tmp_path / "again" / "phases.png").exists()
+
+
 def test_markdown_reports_targets_regret_rebuilds_and_every_config():
     md = cp.markdown(synthetic_doc())
     assert "Command: `python -m quickdraft.bench.controller_phases --phase-seconds 60`" in md
@@ -375,7 +391,7 @@ def test_markdown_reports_targets_regret_rebuilds_and_every_config():
     assert "1 stream → 8 streams → 1 stream" in md
     assert "| every phase: controller TPOT within 5% of the best static config (settled) | met |" in md
     assert "| engine rebuilds | 3 (phase 1: 0, phase 2: 1, phase 3: 2; 0 switch(es) in the warm-up) |" in md
-    assert "| requests failed during rebuilds (target 0) | 2 (failed in all phases: 3) |" in md
+    assert "| requests failed during rebuilds (target 0) | 2 (failed in all phases: 4, of which 1 refused as invalid" in md
     # Phase 2: best static off at 6.00 ms, the controller 6.20 ms settled.
     assert "| 2 | 8 streams | off | 6.00 | 6.20 | +3.3% | off |" in md
     assert "| within 5% | within 5% from | p5 TPOT ms | controller / p5 settled | whole |" in md
