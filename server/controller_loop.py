@@ -33,6 +33,7 @@ from quickdraft.server.controller import (
     default_candidates,
     load_into,
     save_from,
+    with_fingerprint,
 )
 from quickdraft.server.engine import SpecMode, hardware_description, vllm_version
 from quickdraft.server.engine_manager import EngineManager
@@ -77,10 +78,11 @@ def controller_settings(cfg: QuickdraftConfig) -> ControllerSettings:
 
 def profile_key(cfg: QuickdraftConfig) -> ProfileKey:
     """What a tuned profile is valid for: this hardware, model, drafters and vLLM."""
+    drafters = [cfg.drafter_path(True), cfg.drafter_path(False)]
     return ProfileKey(
         hardware=hardware_description(),
-        model=cfg.target_path(),
-        drafter=f"{cfg.drafter_path(True)} | {cfg.drafter_path(False)}",
+        model=with_fingerprint(cfg.target_path()),
+        drafter=" | ".join("None" if d is None else with_fingerprint(d) for d in drafters),
         vllm_version=vllm_version(),
     )
 

@@ -9,7 +9,7 @@ from .controller import Controller
 from .decision import Action, Decision
 from .estimator import Prediction
 from .observation import LATENCY_CLASSES, EngineSnapshot, LatencyClass, Observation
-from .profile import DEFAULT_PROFILE_DIR, ProfileKey, ProfileStore, load_into, save_from
+from .profile import DEFAULT_PROFILE_DIR, ProfileKey, ProfileStore, load_into, save_from, weights_fingerprint, with_fingerprint
 from .settings import (
     AcceptanceSettings,
     ControllerSettings,
@@ -45,7 +45,7 @@ __all__ = [
     "ControllerSettings", "AcceptanceSettings", "StepModelSettings", "SLOSettings",
     "HysteresisSettings", "ExplorationSettings", "FallbackSettings", "LoadSettings", "ScheduleSettings",
     # profiles
-    "ProfileKey", "ProfileStore", "DEFAULT_PROFILE_DIR", "load_into", "save_from",
+    "ProfileKey", "ProfileStore", "DEFAULT_PROFILE_DIR", "load_into", "save_from", "weights_fingerprint", "with_fingerprint",
     # calibration sweep (quickdraft tune)
     "run_sweep", "SweepResult", "SweepRow", "plot_sweep",
 ]

@@ -27,9 +27,9 @@ class ProfileKey:
     hardware: str
     """e.g. "NVIDIA H200 x1" or "AMD EPYC (2 cores)"."""
     model: str
-    """Target model name or path."""
+    """Target model name or path (a local path with its weights' fingerprint)."""
     drafter: str
-    """Drafter name or path (both heads, if the modes use different ones)."""
+    """Drafter name or path (both heads, if the modes use different ones; local paths fingerprinted)."""
     vllm_version: str
 
     def __post_init__(self) -> None:
@@ -43,6 +43,42 @@ class ProfileKey:
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
         slug = "__".join(_slug(v) for v in (self.hardware, self.model, self.drafter, self.vllm_version))
         return f"{slug[:120]}__{digest}.json"
+
+
+FINGERPRINT_BYTES = 65536  # read from each end of every weight file
+
+
+def weights_fingerprint(path: str) -> str | None:
+    """A short fingerprint of a local model folder's weights, None for a hub name.
+
+    A profile tuned for one set of weights is wrong for another at the same
+    path (an upgrade that retrains the embedded model, a fine-tune saved over
+    the old one): acceptance and step times change with the weights. Hashing
+    whole files is too slow for a 60-GB model, so this hashes config.json and,
+    per weight file, its size and its first and last 64 KiB, which differ
+    between any two trainings.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    h = hashlib.sha256()
+    config = root / "config.json"
+    if config.is_file():
+        h.update(config.read_bytes())
+    for f in sorted(root.glob("*.safetensors")) + sorted(root.glob("*.bin")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with f.open("rb") as fh:
+            h.update(fh.read(FINGERPRINT_BYTES))
+            fh.seek(max(0, size - FINGERPRINT_BYTES))
+            h.update(fh.read(FINGERPRINT_BYTES))
+    return h.hexdigest()[:10]
+
+
+def with_fingerprint(path: str) -> str:
+    """``path``, plus its weights' fingerprint when it is a local folder."""
+    fp = weights_fingerprint(path)
+    return path if fp is None else f"{path} @{fp}"
 
 
 def _slug(v: str) -> str:

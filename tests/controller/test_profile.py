@@ -136,3 +136,25 @@ def test_a_kv_cut_to_off_is_not_remembered_as_good():
     assert d.action == "fallback" and d.target == SpecConfig.off()
     ctl.applied(d)
     assert ctl.start_config()[0] == SpecConfig(True, 1) != good[0]
+
+
+def test_a_profile_belongs_to_the_weights_not_only_to_their_path(tmp_path):
+    """Retrained weights saved over the old ones (an upgrade of the embedded model) must not
+    start from the old weights' profile: the fingerprint of a local folder is in the key."""
+    from quickdraft.server.controller import weights_fingerprint, with_fingerprint
+
+    model = tmp_path / "target"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    (model / "model.safetensors").write_bytes(bytes(range(256)) * 1024)
+    before = weights_fingerprint(str(model))
+    assert before is not None and before == weights_fingerprint(str(model))  # stable
+    assert with_fingerprint(str(model)) == f"{model} @{before}"
+    (model / "model.safetensors").write_bytes(bytes(range(255, -1, -1)) * 1024)  # same size, new values
+    after = weights_fingerprint(str(model))
+    assert after != before
+    key = lambda fp: ProfileKey(KEY.hardware, f"{model} @{fp}", KEY.drafter, KEY.vllm_version)  # noqa: E731
+    assert key(before).file_name() != key(after).file_name()
+    # A hub name is not a folder here: kept as it is.
+    assert weights_fingerprint("Qwen/Qwen3-Coder-30B-A3B-Instruct") is None
+    assert with_fingerprint("Qwen/Qwen3-Coder-30B-A3B-Instruct") == "Qwen/Qwen3-Coder-30B-A3B-Instruct"
