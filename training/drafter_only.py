@@ -25,7 +25,7 @@ from quickdraft.prompt_format import STOP_TOKENS
 from training import corpus as corpus_mod
 from training import eagle3
 from training import target as target_mod
-from training.pipeline import Log, acceptance_eval, generation_set, valid_mask
+from training.pipeline import Log, acceptance_eval, generation_set, train_drafter
 from training.tokenizer import special_ids
 
 
@@ -88,36 +88,8 @@ def main(argv=None) -> int:
         return {L: {"cumulative": c, "mal5": round(eagle3.mean_acceptance_length(c, 5), 3)} for L, c in res.items()}
 
     log({"before": evaluate()})
-    embed, head = target.model.embed_tokens, target.lm_head.weight
-    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    g = torch.Generator().manual_seed(args.seed)
-    start, step = time.time(), 0
-    drafter.train()
-    while time.time() - start < args.seconds:
-        frac = (time.time() - start) / args.seconds
-        for group in opt.param_groups:
-            group["lr"] = target_mod.cosine_lr(frac, args.lr, warmup_frac=0.05)
-        L = lengths[step % len(lengths)]
-        data = train[L]
-        T = data.shape[1]
-        bs = max(4, args.batch_tokens // T)
-        seqs = data[torch.randint(0, len(data), (bs,), generator=g).to(dev)]
-        anchors = torch.arange(L - 1, T - 2, device=dev)
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            aux, logits = eagle3.target_features(target, seqs, drafter.cfg.aux_layer_ids)
-            teacher = torch.softmax(logits.float(), dim=-1)
-            valid = valid_mask(seqs, L, stop_ids)
-            if drafter.cfg.parallel_slots:
-                loss, accs = eagle3.parallel_loss(drafter, embed, head, seqs, aux.float(), teacher, valid, anchors)
-            else:
-                loss, accs = eagle3.autoregressive_loss(drafter, embed, head, seqs, aux.float(), teacher, valid, anchors, 7)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % 50 == 0 or step == 1:
-            log({"step": step, "prompt_len": L, "loss": round(loss.item(), 4), "acc": [round(a, 3) for a in accs], "seconds": round(time.time() - start, 1)})
+    step = train_drafter(target, drafter, train, args.seconds, args.lr, args.batch_tokens, stop_ids, log, "train",
+                         deadline=float("inf"), seed=args.seed, warmup_frac=0.05, log_every=50)
     after = evaluate()
     log({"after": after, "steps": step})
     drafter.eval()

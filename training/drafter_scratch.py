@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tarfile
 import time
@@ -41,7 +40,7 @@ from quickdraft.prompt_format import STOP_TOKENS
 from training import corpus as corpus_mod
 from training import eagle3
 from training import target as target_mod
-from training.pipeline import Log, acceptance_eval, generation_set, valid_mask
+from training.pipeline import Log, acceptance_eval, generation_set, train_drafter
 from training.tokenizer import special_ids
 
 P_EAGLE_LENGTHS = (64, 160, 288, 480, 704, 896)
@@ -65,48 +64,6 @@ def fast_generate(model, prompts: torch.Tensor, new_tokens: int, temperature: fl
             out.append(nxt)
             logits = model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1]
     return torch.cat(out, dim=1)
-
-
-def train_loop(target, drafter, buckets: dict[int, torch.Tensor], seconds: float, lr: float, batch_tokens: int,
-               stop_ids, log, tag: str, deadline: float, seed: int, warmup_frac: float = 0.03) -> int:
-    """Cosine schedule over `seconds` (cut short at `deadline`), rotating over the buckets."""
-    dev = next(drafter.parameters()).device
-    embed, head = target.model.embed_tokens, target.lm_head.weight
-    opt = torch.optim.AdamW(drafter.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    g = torch.Generator().manual_seed(seed)
-    lengths = sorted(buckets)
-    seconds = max(1.0, min(seconds, deadline - time.time()))
-    start, step = time.time(), 0
-    drafter.train()
-    while time.time() - start < seconds:
-        frac = (time.time() - start) / seconds
-        for group in opt.param_groups:
-            group["lr"] = target_mod.cosine_lr(frac, lr, warmup_frac=warmup_frac)
-        L = lengths[step % len(lengths)]
-        data = buckets[L]
-        T = data.shape[1]
-        bs = max(4, batch_tokens // T)
-        seqs = data[torch.randint(0, len(data), (bs,), generator=g).to(dev)].long()
-        anchors = torch.arange(L - 1, T - 2, device=dev)
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            aux, logits = eagle3.target_features(target, seqs, drafter.cfg.aux_layer_ids)
-            teacher = torch.softmax(logits.float(), dim=-1)
-            valid = valid_mask(seqs, L, stop_ids)
-            if drafter.cfg.parallel_slots:
-                loss, accs = eagle3.parallel_loss(drafter, embed, head, seqs, aux.float(), teacher, valid, anchors)
-            else:
-                loss, accs = eagle3.autoregressive_loss(drafter, embed, head, seqs, aux.float(), teacher, valid, anchors, 7)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % 100 == 0 or step == 1:
-            log({"phase": tag, "step": step, "prompt_len": L, "loss": round(loss.item(), 4), "acc": [round(a, 3) for a in accs],
-                 "lr": round(opt.param_groups[0]["lr"], 6), "seconds": round(time.time() - start, 1)})
-    drafter.eval()
-    log({"phase": tag, "steps": step, "seconds": round(time.time() - start, 1)})
-    return step
 
 
 def main(argv=None) -> int:
@@ -213,7 +170,7 @@ def main(argv=None) -> int:
         # drafter_only.py's held-out set at 256 tokens (seed 7 + 100): picks between runs without the card's set
         ev2, _ = generation_set(tok, corp.held_out, 64 if args.smoke else 256, plen, ids, 7 + 100)
         held2 = target_mod.greedy_generate(target, ev2.to(dev), gen_tokens)
-        steps = train_loop(target, drafter, {plen: gen}, deadline - args.reserve_s - time.time(), args.lr, 64 * gen.shape[1],
+        steps = train_drafter(target, drafter, {plen: gen}, deadline - args.reserve_s - time.time(), args.lr, 64 * gen.shape[1],
                            stop_ids, log, "eagle3", deadline - args.reserve_s, args.seed)
         summary["steps"] = steps
         card = {"prompts": len(held)}
@@ -279,7 +236,7 @@ def main(argv=None) -> int:
         remaining = deadline - args.reserve_s - time.time()
         p1 = min(args.pass1_s, 0.45 * remaining)
         if not args.init_from_old:
-            summary["pass1_steps"] = train_loop(target, drafter, {plen: gen256}, p1, 1e-3, 64 * gen256.shape[1], stop_ids, log, "pass1",
+            summary["pass1_steps"] = train_drafter(target, drafter, {plen: gen256}, p1, 1e-3, 64 * gen256.shape[1], stop_ids, log, "pass1",
                                                 deadline - args.reserve_s, args.seed)
             summary["after_pass1"] = evaluate(drafter)
             log({"after_pass1": summary["after_pass1"]["mean"]})
@@ -288,7 +245,7 @@ def main(argv=None) -> int:
         buckets = dict(train)
         if args.pass2_with_256:
             buckets[plen] = gen256
-        summary["pass2_steps"] = train_loop(target, drafter, buckets, deadline - args.reserve_s - time.time(), args.lr2, 24000, stop_ids, log,
+        summary["pass2_steps"] = train_drafter(target, drafter, buckets, deadline - args.reserve_s - time.time(), args.lr2, 24000, stop_ids, log,
                                             "pass2", deadline - args.reserve_s, args.seed + 1 + args.data_seed, warmup_frac=0.05)
         summary["after_pass2"] = evaluate(drafter)
         log({"after_pass2": summary["after_pass2"]["mean"]})

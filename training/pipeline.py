@@ -164,6 +164,49 @@ def train_drafters(target, drafters: dict, data: torch.Tensor, prompt_len: int, 
     return history
 
 
+def train_drafter(target, drafter, buckets: dict[int, torch.Tensor], seconds: float, lr: float, batch_tokens: int,
+                  stop_ids, log, tag: str, deadline: float, seed: int, warmup_frac: float = 0.03, log_every: int = 100) -> int:
+    """One drafter distilled from a frozen target's greedy continuations, bucketed by prompt length
+    (the buckets take turns): cosine schedule over `seconds`, cut short at `deadline`. Returns the steps."""
+    dev = next(drafter.parameters()).device
+    embed, head = target.model.embed_tokens, target.lm_head.weight
+    opt = torch.optim.AdamW(drafter.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    g = torch.Generator().manual_seed(seed)
+    lengths = sorted(buckets)
+    seconds = max(1.0, min(seconds, deadline - time.time()))
+    start, step = time.time(), 0
+    drafter.train()
+    while time.time() - start < seconds:
+        frac = (time.time() - start) / seconds
+        for group in opt.param_groups:
+            group["lr"] = target_mod.cosine_lr(frac, lr, warmup_frac=warmup_frac)
+        L = lengths[step % len(lengths)]
+        data = buckets[L]
+        T = data.shape[1]
+        bs = max(4, batch_tokens // T)
+        seqs = data[torch.randint(0, len(data), (bs,), generator=g).to(dev)].long()
+        anchors = torch.arange(L - 1, T - 2, device=dev)
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            aux, logits = eagle3.target_features(target, seqs, drafter.cfg.aux_layer_ids)
+            teacher = torch.softmax(logits.float(), dim=-1)
+            valid = valid_mask(seqs, L, stop_ids)
+            if drafter.cfg.parallel_slots:
+                loss, accs = eagle3.parallel_loss(drafter, embed, head, seqs, aux.float(), teacher, valid, anchors)
+            else:
+                loss, accs = eagle3.autoregressive_loss(drafter, embed, head, seqs, aux.float(), teacher, valid, anchors, 7)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % log_every == 0 or step == 1:
+            log({"phase": tag, "step": step, "prompt_len": L, "loss": round(loss.item(), 4), "acc": [round(a, 3) for a in accs],
+                 "lr": round(opt.param_groups[0]["lr"], 6), "seconds": round(time.time() - start, 1)})
+    drafter.eval()
+    log({"phase": tag, "steps": step, "seconds": round(time.time() - start, 1)})
+    return step
+
+
 @torch.no_grad()
 def acceptance_eval(target, drafter, data: torch.Tensor, prompt_len: int, stop_ids, ar_steps: int, batch_size: int = 64) -> list[float]:
     """P(drafts 1..k all equal the target's greedy tokens), k = 1..depth, over every
