@@ -155,6 +155,7 @@ def write_json(path: Path, cfg, key, result) -> None:
         "pick_per_concurrency": {str(c): label for c, label in sorted(result.best.items())},
         "start_config": result.start_config.label(),
         "failed": result.failed,
+        "observations": [o.to_dict() for o in result.observations],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")

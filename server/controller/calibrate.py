@@ -28,6 +28,9 @@ class SweepRow:
     requests: int
     tpot_s: float
     """Median TPOT over the requests."""
+    tpot_token_weighted_s: float
+    """Decode time over decode tokens, pooled over the requests: the TPOT
+    the controller predicts and the phases benchmark reports."""
     ttft_p50_s: float
     ttft_p95_s: float
     acceptance_length: float
@@ -37,7 +40,8 @@ class SweepRow:
 
     def to_dict(self) -> dict:
         return {"config": self.config.label(), "concurrency": self.concurrency, "requests": self.requests,
-                "tpot_ms": _ms(self.tpot_s), "ttft_p50_ms": _ms(self.ttft_p50_s),
+                "tpot_ms": _ms(self.tpot_s),
+                "tpot_token_weighted_ms": _ms(self.tpot_token_weighted_s), "ttft_p50_ms": _ms(self.ttft_p50_s),
                 "ttft_p95_ms": _ms(self.ttft_p95_s), "acceptance_length": round(self.acceptance_length, 4),
                 "error": self.error}
 
@@ -55,13 +59,17 @@ class SweepResult:
     plot_skipped: str = ""
     """Why no plot was written (e.g. matplotlib missing)."""
     failed: list[str] = field(default_factory=list)
+    observations: list[Observation] = field(default_factory=list)
+    """Every request measured, in order (``quickdraft tune --json`` writes them)."""
 
     def table(self) -> str:
         """Markdown table of the measurements."""
-        lines = ["| config | concurrency | requests | TPOT ms | TTFT p50 ms | TTFT p95 ms | accepted length |",
-                 "|---|---:|---:|---:|---:|---:|---:|"]
+        lines = ["| config | concurrency | requests | TPOT ms (median) | TPOT ms (token-weighted) | TTFT p50 ms "
+                 "| TTFT p95 ms | accepted length |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in self.rows:
             lines.append(f"| {r.config.label()} | {r.concurrency} | {r.requests} | {_ms(r.tpot_s)} | "
+                         f"{_ms(r.tpot_token_weighted_s)} | "
                          f"{_ms(r.ttft_p50_s)} | {_ms(r.ttft_p95_s)} | {r.acceptance_length:.2f} |")
         return "\n".join(lines)
 
@@ -96,6 +104,7 @@ def run_sweep(
         raise ValueError("run_sweep needs at least one config and concurrencies >= 1")
     rows: list[SweepRow] = []
     failed: list[str] = []
+    measured: list[Observation] = []
     bar = tqdm(total=len(configs) * len(concurrencies), desc="tune", unit="run", disable=not progress)
     try:
         for cfg in configs:
@@ -106,17 +115,19 @@ def run_sweep(
                 except Exception as e:  # one broken config must not end the sweep
                     log.warning("measuring %s at concurrency %d failed: %s", cfg.label(), c, e)
                     failed.append(f"{cfg.label()} x{c}: {e}")
-                    rows.append(SweepRow(cfg, c, 0, math.nan, math.nan, math.nan, math.nan, str(e)))
+                    rows.append(SweepRow(cfg, c, 0, math.nan, math.nan, math.nan, math.nan, math.nan, str(e)))
                     bar.update(1)
                     continue
                 for o in obs:
                     ctl.observe(o)
+                measured.extend(obs)
                 row = _summarise(cfg, c, obs)
                 rows.append(row)
                 if progress:
-                    tqdm.write(f"{cfg.label()} x{c}: {row.requests} requests, TPOT {_ms(row.tpot_s)} ms, "
+                    tqdm.write(f"{cfg.label()} x{c}: {row.requests} requests, TPOT {_ms(row.tpot_token_weighted_s)} ms "
+                               f"(token-weighted; median {_ms(row.tpot_s)}), "
                                f"TTFT p50 {_ms(row.ttft_p50_s)} ms, accepted length {row.acceptance_length:.2f}")
-                bar.set_postfix_str(f"TPOT {_ms(row.tpot_s)} ms")
+                bar.set_postfix_str(f"TPOT {_ms(row.tpot_token_weighted_s)} ms")
                 bar.update(1)
     finally:
         bar.close()
@@ -128,7 +139,7 @@ def run_sweep(
     start_cfg, start_sched, _ = ctl.recommend(start_load)
     ctl.activate(start_cfg if start_sched is None else SpecConfig(start_sched.parallel, start_sched.max_k),
                  start_sched)
-    result = SweepResult(rows, best, start_cfg, start_sched, ctl, failed=failed)
+    result = SweepResult(rows, best, start_cfg, start_sched, ctl, failed=failed, observations=measured)
     if store is not None and key is not None:
         result.profile_path = save_from(ctl, store, key)
     if plot_path is not None:
@@ -138,6 +149,8 @@ def run_sweep(
 
 def _summarise(cfg: SpecConfig, c: int, obs: list[Observation]) -> SweepRow:
     tp = [o.tpot_s for o in obs if o.output_tokens > 1]
+    decode_s = sum(o.tpot_s * (o.output_tokens - 1) for o in obs if o.output_tokens > 1)
+    decode_tokens = sum(o.output_tokens - 1 for o in obs if o.output_tokens > 1)
     tt = [o.ttft_s for o in obs]
     drafts = sum(o.drafts for o in obs)
     acc = sum(o.num_accepted_tokens for o in obs)
@@ -145,6 +158,7 @@ def _summarise(cfg: SpecConfig, c: int, obs: list[Observation]) -> SweepRow:
     return SweepRow(
         cfg, c, len(obs),
         median(tp) if tp else nan,
+        decode_s / decode_tokens if decode_tokens else nan,
         median(tt) if tt else nan,
         quantile(tt, 0.95) if tt else nan,
         1.0 + acc / drafts if drafts else 1.0,
@@ -167,7 +181,7 @@ def plot_sweep(rows: Sequence[SweepRow], path: str | Path) -> tuple[Path | None,
     concs = sorted({r.concurrency for r in good})
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, attr, title in ((axes[0], "tpot_s", "TPOT (ms)"), (axes[1], "ttft_p95_s", "TTFT p95 (ms)")):
+    for ax, attr, title in ((axes[0], "tpot_token_weighted_s", "TPOT (ms, token-weighted)"), (axes[1], "ttft_p95_s", "TTFT p95 (ms)")):
         for i, c in enumerate(concs):
             color = colors[i % len(colors)]
             off = [r for r in good if r.concurrency == c and not r.config.enabled]

@@ -35,6 +35,11 @@ def test_sweep_measures_config_major_writes_profile_and_picks_start(tmp_path):
     row = next(r for r in res.rows if r.config == SpecConfig(True, 7) and r.concurrency == 1)
     assert row.requests == 12 and row.acceptance_length > 2.5
     assert row.tpot_s * 1e3 < 4.0 and row.ttft_p95_s >= row.ttft_p50_s
+    # token-weighted TPOT (the controller's and the phases benchmark's measure) pools the requests
+    obs = [o for o in res.observations if o.config == row.config and o.batch_size <= 1.5]
+    assert len(res.observations) == len(calls) * 12 and len(obs) == 12
+    decode = [(o.tpot_s * (o.output_tokens - 1), o.output_tokens - 1) for o in obs if o.output_tokens > 1]
+    assert math.isclose(row.tpot_token_weighted_s, sum(s for s, _ in decode) / sum(n for _, n in decode))
     assert "| parallel K=7 | 1 | 12 |" in res.table()
     # the plot: written when matplotlib is there, a stated reason when not
     if importlib.util.find_spec("matplotlib") is not None:
