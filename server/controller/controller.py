@@ -320,11 +320,13 @@ class Controller:
                            f"(TPOT {_ms(a_tpot)}){extra}", plan=active, record=False)
             return self._maybe_explore(now, load, d, active)
 
+        warm = best.schedule in self._warm  # an instant switch: no rebuild to pay for
         if after_probe:
             threshold = st.exploration.keep_tolerance
         else:
-            threshold = hy.margin + hy.confidence_z * self._gain_error(active, best, load)
-        if (gain >= threshold and not slo_fix and not after_probe and best.schedule not in self._warm
+            margin = min(hy.warm_margin, hy.margin) if warm else hy.margin
+            threshold = margin + hy.confidence_z * self._gain_error(active, best, load)
+        if (gain >= threshold and not slo_fix and not after_probe and not warm
                 and self._tpot_if_rebuilt(a_tpot, b_tpot) >= a_tpot):
             self._reset_streak(now)
             return self._hold(now, load, "rebuild_cost",
@@ -365,7 +367,8 @@ class Controller:
         d = self._hold(now, load, "probe_kept" if after_probe else "within_margin",
                        f"{probe_note}{best.config.label()} predicted {gain:.1%} faster than "
                        f"{active.config.label()}, below the {threshold:.0%} needed (margin "
-                       f"{hy.margin:.0%} + uncertainty)", plan=active, record=False)
+                       f"{min(hy.warm_margin, hy.margin) if warm else hy.margin:.0%}{' for a warm engine' if warm else ''} "
+                       f"+ uncertainty)", plan=active, record=False)
         return self._maybe_explore(now, load, d, active)
 
     def _maybe_explore(self, now: float, load: float, hold: Decision, active: _ModePlan) -> Decision:
@@ -396,6 +399,8 @@ class Controller:
         if best_cfg is None:
             return self._record(hold)
         sched = KSchedule.uniform(best_cfg, st.schedule.max_batch) if best_cfg.enabled else None
+        if sched not in self._warm and load > ex.max_load_for_build:
+            return self._record(hold)  # every running stream would pay for the build
         self._probe = _Probe(best_cfg, sched, a_tpot)
         self._bank -= 2 * ex.rebuild_cost_s
         self._explore_spent_s += 2 * ex.rebuild_cost_s

@@ -348,6 +348,46 @@ def test_a_warm_engine_within_the_margin_is_preferred_to_a_rebuild():
     assert d3.action == "switch" and d3.target == best.config
 
 
+def test_a_warm_engine_needs_only_the_warm_margin():
+    """A switch to a warm engine is instant, so a gain below the rebuild
+    margin but above ``warm_margin`` is taken; the same gain with the warm
+    margin set to the full margin is held (eleventh phases run: a config
+    5-15% slower than the warm one was held at 1 stream)."""
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    active, warm = SpecConfig(False, 3), SpecConfig(False, 1)
+
+    def decision(warm_margin: float):
+        hy = HysteresisSettings(margin=0.10, warm_margin=warm_margin, confidence_z=0.0)
+        ctl, clock = calibrated(eng, ControllerSettings(schedule=ScheduleSettings(enabled=False), hysteresis=hy))
+        ctl.activate(active)
+        ctl.set_warm([(warm, None)])
+        preds = {p.config: p.tpot_s for p in ctl.candidates(8)}
+        gain = (preds[active] - preds[warm]) / preds[active]
+        assert min(preds.values()) == preds[warm] and 0.03 < gain < 0.10  # the scenario
+        return _switch_after_dwell(ctl, clock, 8)
+
+    d = decision(0.03)
+    assert d.action == "switch" and d.target == warm, d.reason
+    held = decision(0.10)
+    assert held.action == "hold" and held.reason_code == "within_margin", held.reason
+    assert "below the 10% needed" in held.reason
+
+
+def test_no_probe_builds_an_engine_under_full_load():
+    """Every running stream pays for a build (2-3x TPOT on 2 CPU cores), so a
+    probe that needs a new engine waits for a load of at most
+    ``exploration.max_load_for_build``; raised, the same run probes."""
+    def probes(max_load: float) -> list:
+        eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+        clock = FakeClock()
+        ctl = Controller(ControllerSettings(exploration=ExplorationSettings(max_load_for_build=max_load)), clock=clock)
+        tr = Harness(ctl, eng, clock, decide_every=2).run([Phase(8, 300)])
+        return [d for d in tr.decisions if d.action == "explore"]
+
+    assert probes(2.0) == []
+    assert len(probes(16.0)) >= 1
+
+
 def test_a_warm_engine_beyond_the_margin_is_taken_when_a_rebuild_would_cost_more():
     """Building the best takes R seconds while the active engine keeps
     serving; over the load's horizon H a warm engine outside the margin can
