@@ -159,11 +159,14 @@ class EngineManager:
         try:
             yield engine
         finally:
-            self._in_flight[key] -= 1
-            if self._in_flight[key] == 0:
-                self._idle[key].set()
-                if self.engine is None or key != id(self.engine):
-                    self._contention_over()  # a retired engine's last stream
+            # Absent when _retire stopped the engine after its drain timeout
+            # with this stream still on it: nothing is left to count down.
+            if key in self._in_flight:
+                self._in_flight[key] -= 1
+                if self._in_flight[key] == 0:
+                    self._idle[key].set()
+                    if self.engine is None or key != id(self.engine):
+                        self._contention_over()  # a retired engine's last stream
 
     def in_flight(self, engine: Engine | None = None) -> int:
         engine = engine or self.engine

@@ -241,6 +241,29 @@ def test_without_standby_the_old_engine_is_retired(tmp_path):
     asyncio.run(run())
 
 
+def test_a_stream_that_outlives_its_engines_drain_timeout_ends_cleanly(tmp_path):
+    """The engine switched away from is stopped after its drain timeout even
+    if a stream still runs on it; that stream's end must not fail (it once
+    raised KeyError: the retire had dropped the engine's stream count)."""
+    async def run():
+        cfg, manager, service, loop, made = make(tmp_path)
+        await manager.start(SpecMode.off())
+        async with manager.lease() as engine:
+            assert engine is made[0]
+            assert await manager.switch(SpecMode(True, False, 3), drain_timeout=0.01)
+            for _ in range(100):  # the retire gives up waiting, then stops the engine
+                await asyncio.sleep(0.01)
+                if made[0].dead and id(made[0]) not in manager._in_flight:
+                    break
+            assert made[0].dead and id(made[0]) not in manager._in_flight
+        assert manager.in_flight() == 0
+        async with manager.lease() as engine:
+            assert engine is made[1] and manager.in_flight() == 1
+        await manager.stop()
+
+    asyncio.run(run())
+
+
 def test_prewarm_builds_the_full_batch_pick_and_the_switch_to_it_is_instant(tmp_path, monkeypatch):
     from quickdraft.server.controller.estimator import Estimator
 
