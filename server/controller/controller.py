@@ -6,6 +6,7 @@ read and written by ``profile.ProfileStore`` when the server asks).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -400,7 +401,10 @@ class Controller:
             return self._record(hold)
         sched = KSchedule.uniform(best_cfg, st.schedule.max_batch) if best_cfg.enabled else None
         if sched not in self._warm and load > ex.max_load_for_build:
-            return self._record(hold)  # every running stream would pay for the build
+            # every running stream would pay for the build
+            return self._record(dataclasses.replace(hold, reason=(
+                f"{hold.reason}; a probe of {best_cfg.label()} waits for at most "
+                f"{ex.max_load_for_build:g} running requests (it needs a new engine)")))
         self._probe = _Probe(best_cfg, sched, a_tpot)
         self._bank -= 2 * ex.rebuild_cost_s
         self._explore_spent_s += 2 * ex.rebuild_cost_s

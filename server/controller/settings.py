@@ -179,10 +179,11 @@ class HysteresisSettings:
     exceeds the limit by this fraction (entering requires meeting the limit)."""
     warm_margin: float = 0.03
     """The gain needed to switch to a warm (standby) engine, instead of
-    ``margin`` (the smaller of the two applies): that switch is instant and costs no rebuild, so holding a
-    config 3-7% worse for the whole load is the larger loss. In the eleventh
-    phases run (2026-12-03) the controller held a config 5-15% slower than
-    the warm one at 1 stream, inside the 7% margin plus its uncertainty."""
+    ``margin`` (the smaller of the two applies): that switch is instant and
+    costs no rebuild, so holding a config 3-7% worse for the whole load is
+    the larger loss. In the eleventh phases run (2026-12-03) the controller
+    held a config 5-15% slower than the warm one at 1 stream, inside the 7%
+    margin plus its uncertainty."""
     load_horizon_s: float = 120.0
     """How long a load is expected to last after a switch. A warm (standby)
     engine is taken instead of building the predicted best when it serves
@@ -245,7 +246,9 @@ class ExplorationSettings:
     at most this many requests run. Every running stream pays for the build:
     on a CPU it takes the serving engine's cores for 30-45 s (2-3x TPOT). In
     the eleventh phases run a probe built at 8 streams served 30 s of the
-    phase that way. Raise it on a GPU, where ``build_slowdown`` is near 1."""
+    phase that way. On a GPU, where a build costs the serving engine little
+    (``build_slowdown`` near 1), the rule only delays a probe to a quieter
+    moment."""
 
     def validate(self) -> None:
         _check(0 <= self.min_share <= self.max_share <= 0.5, "exploration shares need 0 <= min_share <= max_share <= 0.5")

@@ -377,15 +377,17 @@ def test_no_probe_builds_an_engine_under_full_load():
     """Every running stream pays for a build (2-3x TPOT on 2 CPU cores), so a
     probe that needs a new engine waits for a load of at most
     ``exploration.max_load_for_build``; raised, the same run probes."""
-    def probes(max_load: float) -> list:
+    def run(max_load: float):
         eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
         clock = FakeClock()
         ctl = Controller(ControllerSettings(exploration=ExplorationSettings(max_load_for_build=max_load)), clock=clock)
-        tr = Harness(ctl, eng, clock, decide_every=2).run([Phase(8, 300)])
-        return [d for d in tr.decisions if d.action == "explore"]
+        return ctl, Harness(ctl, eng, clock, decide_every=2).run([Phase(8, 300)]).decisions
 
-    assert probes(2.0) == []
-    assert len(probes(16.0)) >= 1
+    ctl, held = run(2.0)
+    assert [d for d in held if d.action == "explore"] == []
+    last = ctl.decide()  # and it says why
+    assert last.action == "hold" and "waits for at most 2 running requests" in last.reason, last.reason
+    assert any(d.action == "explore" for d in run(16.0)[1])
 
 
 def test_a_warm_engine_beyond_the_margin_is_taken_when_a_rebuild_would_cost_more():
