@@ -322,10 +322,10 @@ class Controller:
             return self._maybe_explore(now, load, d, active)
 
         warm = best.schedule in self._warm  # an instant switch: no rebuild to pay for
+        margin = min(hy.warm_margin, hy.margin) if warm else hy.margin
         if after_probe:
             threshold = st.exploration.keep_tolerance
         else:
-            margin = min(hy.warm_margin, hy.margin) if warm else hy.margin
             threshold = margin + hy.confidence_z * self._gain_error(active, best, load)
         if (gain >= threshold and not slo_fix and not after_probe and not warm
                 and self._tpot_if_rebuilt(a_tpot, b_tpot) >= a_tpot):
@@ -368,7 +368,7 @@ class Controller:
         d = self._hold(now, load, "probe_kept" if after_probe else "within_margin",
                        f"{probe_note}{best.config.label()} predicted {gain:.1%} faster than "
                        f"{active.config.label()}, below the {threshold:.0%} needed (margin "
-                       f"{min(hy.warm_margin, hy.margin) if warm else hy.margin:.0%}{' for a warm engine' if warm else ''} "
+                       f"{margin:.0%}{' for a warm engine' if warm else ''} "
                        f"+ uncertainty)", plan=active, record=False)
         return self._maybe_explore(now, load, d, active)
 
