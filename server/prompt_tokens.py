@@ -5,7 +5,11 @@ on top of the Rust tokenizer it wraps (transformers 5.19, tokenizers 0.23,
 the embedded model's Qwen tokenizer, 2-core EPYC), and a FIM prompt makes two
 or three calls; on the serving path that is TTFT. ``PromptTokenizer`` is built once per engine
 and calls the Rust tokenizer directly, with the same ids (tested against the
-wrapper on random text).
+wrapper on random text). It calls ``encode_batch_fast`` on a batch of one
+where tokenizers has it (0.21+): the same ids without the character offsets
+that ``encode`` computes and nothing here reads; 318 -> 251 us at p50 on the
+gRPC benchmark's prompts (about 1,600 characters, 474 tokens; tokenizers
+0.23.3, 2-core Xeon, 2026-12-04).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ class PromptTokenizer:
         self.hf = tokenizer
         self._special: dict[str, int | None] = {}
         self._text = self._raw = None
+        self._fast = False
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:  # a slow (Python) tokenizer: keep its own encode
             return
@@ -35,18 +40,24 @@ class PromptTokenizer:
         text.encode_special_tokens = True
         self._text = text
         self._raw = Tokenizer.from_str(spec)
+        self._fast = hasattr(text, "encode_batch_fast")
 
     def text(self, s: str) -> list[int]:
         """Ids of user text, special-token strings in it kept as text."""
         if self._text is None:
             return self.hf.encode(s, add_special_tokens=False, split_special_tokens=True)
-        return self._text.encode(s, add_special_tokens=False).ids
+        return self._encode(self._text, s)
 
     def raw(self, s: str) -> list[int]:
         """Ids of a raw prompt, whose special-token strings are control tokens."""
         if self._raw is None:
             return self.hf.encode(s, add_special_tokens=False)
-        return self._raw.encode(s, add_special_tokens=False).ids
+        return self._encode(self._raw, s)
+
+    def _encode(self, tokenizer: Any, s: str) -> list[int]:
+        if self._fast:
+            return tokenizer.encode_batch_fast([s], add_special_tokens=False)[0].ids
+        return tokenizer.encode(s, add_special_tokens=False).ids
 
     def special(self, token: str) -> int | None:
         """Id of one special token, or None when the vocabulary lacks it."""

@@ -7,9 +7,11 @@ names the field and the limit.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import uuid
+from array import array
 from dataclasses import dataclass
 
 from quickdraft.client.request import PROMPT_LIMIT_KEY, PROMPT_TOKENS_KEY
@@ -58,9 +60,7 @@ class Sampling:
     seed: int | None
 
     def to_vllm(self, stop_token_ids: list[int]):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
+        SamplingParams, RequestOutputKind = _vllm_sampling()
         return SamplingParams(
             n=1,
             max_tokens=self.max_tokens,
@@ -72,6 +72,16 @@ class Sampling:
             output_kind=RequestOutputKind.DELTA,
             skip_special_tokens=True,
         )
+
+
+@functools.cache
+def _vllm_sampling():
+    """vLLM's sampling classes, imported on first use (vllm's lazy module
+    attributes cost about 8 us per lookup, twice per request)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams, RequestOutputKind
 
 
 @dataclass
@@ -190,5 +200,5 @@ def prepare(req: pb.CompleteRequest, cfg: QuickdraftConfig, tokens: PromptTokeni
         latency_class=LATENCY_CLASSES[req.latency_class],
         fim=req.HasField("suffix"),
         prompt_chars=text_len,
-        prompt_sha=hashlib.sha256(bytes(ids.__repr__(), "ascii")).hexdigest()[:12],
+        prompt_sha=hashlib.sha256(array("i", ids).tobytes()).hexdigest()[:12],
     )

@@ -122,13 +122,15 @@ class CompletionService:
         finish = "cancelled"
         spec_metrics = None
         finished = False
-        span = self.telemetry.tracer.start_span("gen_ai.text_completion", context=trace_context)
-        span.set_attribute("gen_ai.request.model", self.cfg.preset.name)
-        span.set_attribute("quickdraft.request_id", prepared.request_id)
-        span.set_attribute("quickdraft.latency_class", prepared.latency_class)
-        span.set_attribute("gen_ai.usage.input_tokens", prepared.prompt_tokens)
+        attributes = {
+            "gen_ai.request.model": self.cfg.preset.name,
+            "quickdraft.request_id": prepared.request_id,
+            "quickdraft.latency_class": prepared.latency_class,
+            "gen_ai.usage.input_tokens": prepared.prompt_tokens,
+        }
         if self.cfg.telemetry.log_source_code:
-            span.set_attribute("quickdraft.prompt_token_ids", str(prepared.prompt_token_ids[:256]))
+            attributes["quickdraft.prompt_token_ids"] = str(prepared.prompt_token_ids[:256])
+        span = self.telemetry.tracer.start_span("gen_ai.text_completion", context=trace_context, attributes=attributes)
         try:
             try:
                 async for out in engine.generate(engine_id, prepared.prompt_token_ids, sampling):
