@@ -36,7 +36,7 @@ DEPS=(vllm==0.24.0
   ijson==3.6.0 partial-json-parser==0.2.1.1.post7 lark==1.2.2
   jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
   openai-harmony==0.0.8 httpx2==2.16.2 httpcore2==2.16.2 truststore llguidance==1.7.6 xgrammar==0.2.8 "apache-tvm-ffi>=0.1.11"
-  protobuf==7.36.2 grpcio==1.85.3
+  protobuf==7.36.2 grpcio==1.85.3 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1
   opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2
   opentelemetry-exporter-prometheus==0.66b2 importlib-metadata)
 "$PY" -m pip download -q --no-deps "${PLAT[@]}" -d "$WORK/wheels" "${DEPS[@]}"
