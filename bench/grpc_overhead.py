@@ -180,6 +180,20 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[i]
 
 
+def start_server(cfg):
+    """A QuickdraftServer on an event loop of its own thread, started and warm.
+    Returns it and ``run(coro)``, which runs a coroutine on that loop and waits for it."""
+    from quickdraft.server.grpc_server import QuickdraftServer
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    run = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result(900)  # noqa: E731
+    server = QuickdraftServer(cfg)
+    run(server.start())
+    run(server.wait_ready(900))
+    return server, run
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=60, help="per path")
@@ -197,19 +211,13 @@ def main(argv=None) -> int:
     from quickdraft.client import CompletionClient
     from quickdraft.server.config import load_config
     from quickdraft.server.engine import hardware_description
-    from quickdraft.server.grpc_server import QuickdraftServer
     from quickdraft.prompt_format import CodeContext, render
     from quickdraft.server.requests import Sampling, tokenize
 
     overrides = dict(kv.split("=", 1) for kv in args.set)
     cfg = load_config(args.config, env={}, overrides={**overrides, "server.port": 0, "telemetry.metrics_port": 0})
     cfg.validate()
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    run = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result(900)  # noqa: E731
-    server = QuickdraftServer(cfg)
-    run(server.start())
-    run(server.wait_ready(900))
+    server, run = start_server(cfg)
     engine = server.engines.engine
 
     reqs = requests_for(load_prompts(n_prompts), args.max_tokens)

@@ -28,15 +28,13 @@ engine on 2 cores each hop costs more than that.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
-from quickdraft.bench.grpc_overhead import direct, requests_for
+from quickdraft.bench.grpc_overhead import direct, requests_for, start_server
 from quickdraft.bench.speculation import load_prompts
 
 MAX_TOKENS = 48
@@ -117,7 +115,6 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 45
     from quickdraft.prompt_format import CodeContext, render
     from quickdraft.server.config import load_config
-    from quickdraft.server.grpc_server import QuickdraftServer
     from quickdraft.server.requests import Sampling, tokenize
 
     stamps: dict = {}
@@ -125,12 +122,7 @@ def main() -> None:
     overrides = {"server.port": 0, "telemetry.metrics_port": 0, **dict(kv.split("=", 1) for kv in sys.argv[2:])}
     cfg = load_config(None, env={}, overrides=overrides)
     cfg.validate()
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    run = lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result(900)  # noqa: E731
-    server = QuickdraftServer(cfg)
-    run(server.start())
-    run(server.wait_ready(900))
+    server, run = start_server(cfg)
     engine = server.engines.engine
     reqs = requests_for(load_prompts(n), MAX_TOKENS)
     ids = [tokenize(engine.prompt_tokens, r, cfg.preset.prompt_format) for r in reqs]
