@@ -24,6 +24,7 @@ import asyncio
 import logging
 import os
 import platform
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -295,9 +296,44 @@ class Engine:
         llm, self.llm = self.llm, None
         if llm is not None:
             try:
+                _stop_output_handler(llm)
                 llm.shutdown()
             except Exception:  # noqa: BLE001
                 log.exception("engine shutdown failed")
+
+
+def _stop_output_handler(llm: Any) -> None:
+    """Cancel AsyncLLM's output-handler task before its engine core stops.
+
+    vLLM 0.32's ``AsyncLLM.shutdown`` stops the engine core first and cancels
+    the task after. We shut down from a worker thread, so meanwhile the task
+    runs on the event loop, sees the core go away and logs "AsyncLLM
+    output_handler failed" with an EngineDeadError traceback: on every clean
+    shutdown and every retired engine. Only with no request left on the
+    engine: a request still there must get that error, or its stream would
+    wait for ever.
+    """
+    task = getattr(llm, "output_handler", None)
+    if task is None or task.done() or llm.get_num_unfinished_requests():
+        return
+    loop = task.get_loop()
+    if loop.is_closed():
+        return
+    try:
+        on_loop = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        on_loop = False
+    if on_loop:
+        task.cancel()
+        return
+    cancelled = threading.Event()
+
+    def cancel() -> None:
+        task.cancel()
+        cancelled.set()
+
+    loop.call_soon_threadsafe(cancel)
+    cancelled.wait(5)
 
 
 def explain_import_error(e: BaseException) -> str:

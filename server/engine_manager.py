@@ -168,6 +168,11 @@ class EngineManager:
                     if self.engine is None or key != id(self.engine):
                         self._contention_over()  # a retired engine's last stream
 
+    @property
+    def stopping(self) -> int:
+        """Engines being shut down now (retired, or a standby no longer wanted)."""
+        return self._stopping
+
     def in_flight(self, engine: Engine | None = None) -> int:
         engine = engine or self.engine
         return self._in_flight.get(id(engine), 0) if engine else 0

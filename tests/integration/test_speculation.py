@@ -4,6 +4,9 @@ acceptance counts equal those of training/reference.py's decoder)."""
 
 from __future__ import annotations
 
+import logging
+import time
+
 import pytest
 
 from quickdraft.server.engine import SpecMode
@@ -26,8 +29,27 @@ def requests() -> list[pb.CompleteRequest]:
     return out
 
 
+class ErrorRecords(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
-def runs(server):
+def vllm_errors():
+    """Errors vLLM logs in this process while the module's switches run."""
+    handler = ErrorRecords()
+    logger = logging.getLogger("vllm")  # vLLM's own handlers sit here; its loggers do not propagate past it
+    logger.addHandler(handler)
+    yield handler.messages
+    logger.removeHandler(handler)
+
+
+@pytest.fixture(scope="module")
+def runs(server, vllm_errors):
     """Outputs and figures of the same requests under each mode (two engine switches and back)."""
     from quickdraft.client import CompletionClient
 
@@ -91,3 +113,15 @@ def test_vllm_runs_the_drafter_we_trained(server, runs, label):
         assert all(abs(a - b) <= 1 for a, b in zip(ref_per_pos, vllm_per_pos)), (label, ref_per_pos, vllm_per_pos)
         compared += sum(ref_per_pos)
     assert compared > 0, "nothing was accepted: the comparison would be vacuous"
+
+
+def test_retired_engines_stop_without_an_output_handler_error(runs, server, vllm_errors):
+    """The switches above retired engines with no request left on them. vLLM
+    0.32 logs "AsyncLLM output_handler failed" (EngineDeadError) when such an
+    engine stops while its output-handler task still runs; server/engine.py
+    cancels the task first."""
+    deadline = time.monotonic() + 120
+    while server.server.engines.stopping and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert server.server.engines.stopping == 0, "a retired engine is still shutting down after 120 s"
+    assert not [m for m in vllm_errors if "output_handler failed" in m]
