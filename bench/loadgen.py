@@ -74,7 +74,7 @@ def check_loopback(address: str) -> None:
     """Refuse anything but this machine (host:port or http://host:port/...)."""
     from urllib.parse import urlsplit
 
-    from quickdraft.server.validation import is_loopback
+    from quickdraft.server.config.validation import is_loopback
 
     host = urlsplit(address).hostname if "://" in address else address.rsplit(":", 1)[0].strip("[]")
     if not host or not is_loopback(host):

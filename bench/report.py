@@ -71,7 +71,8 @@ def command_line() -> str:
     if argv0.name == "quickdraft":
         head = "quickdraft"
     elif argv0.suffix == ".py" and REPO in argv0.resolve().parents:
-        head = "python -m quickdraft." + ".".join(argv0.resolve().relative_to(REPO).with_suffix("").parts)
+        parts = argv0.resolve().relative_to(REPO).with_suffix("").parts
+        head = "python -m quickdraft." + ".".join(parts[:-1] if parts[-1] == "__main__" else parts)
     else:
         head = str(argv0)
     return " ".join([head, *sys.argv[1:]])
@@ -105,7 +106,8 @@ def _json_default(o: Any):
 # --- markdown -------------------------------------------------------------------
 
 
-def _f(v, digits: int = 1, suffix: str = "") -> str:
+def fmt(v, digits: int = 1, suffix: str = "") -> str:
+    """A number for a markdown table; "-" when it is missing or not finite."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     return f"{v:.{digits}f}{suffix}"
@@ -123,8 +125,8 @@ def run_row(label: str, fig: dict) -> str:
     t, p, e = fig["ttft_ms"], fig["tpot_ms"], fig["e2e_ms"]
     slo = fig["slo"]
     return (
-        f"| {label} | {load} | {_f(t.get('p50'))} / {_f(t.get('p95'))} / {_f(t.get('p99'))} | {_f(p.get('p50'), 2)} / {_f(p.get('p95'), 2)} "
-        f"| {_f(e.get('p50'))} / {_f(e.get('p95'))} | {_f(fig['output_tokens_per_s'])} | {_f(fig['mean_acceptance_length'], 2)} "
+        f"| {label} | {load} | {fmt(t.get('p50'))} / {fmt(t.get('p95'))} / {fmt(t.get('p99'))} | {fmt(p.get('p50'), 2)} / {fmt(p.get('p95'), 2)} "
+        f"| {fmt(e.get('p50'))} / {fmt(e.get('p95'))} | {fmt(fig['output_tokens_per_s'])} | {fmt(fig['mean_acceptance_length'], 2)} "
         f"| {_pct(slo.get('inline', {}).get('attainment'))} / {_pct(slo.get('chat', {}).get('attainment'))} "
         f"| {fig['completed']} / {fig['cancelled']} / {fig['failed']} |"
     )
@@ -137,7 +139,8 @@ def run_table(rows: Sequence[tuple[str, dict]]) -> str:
 # --- plots ----------------------------------------------------------------------
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot, drawing into files only."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display on CI machines
@@ -157,7 +160,7 @@ def plot_vs_k(doc: dict, metric: str, stat: str, path: Path, title: str) -> Path
     runs = [r for r in doc["runs"] if r.get("levels")]
     if not runs:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     levels = sorted({lv["concurrency"] for r in runs for lv in r["levels"]})
     fig, axes = plt.subplots(1, len(levels), figsize=(4.2 * len(levels), 3.6), squeeze=False, sharey=False)
     for ax, c in zip(axes[0], levels):
@@ -195,7 +198,7 @@ def plot_vs_concurrency(doc: dict, path: Path, title: str) -> Path | None:
     runs = [r for r in doc["runs"] if r.get("levels")]
     if not runs:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     panels = (("tpot_ms", "p50", "TPOT p50 (ms)"), ("ttft_ms", "p95", "TTFT p95 (ms)"), ("output_tokens_per_s", None, "output tokens/s"))
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, (metric, stat, ylabel) in zip(axes, panels):

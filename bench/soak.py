@@ -32,15 +32,15 @@ import math
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections import Counter
-from contextlib import closing
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent / "data" / "heldout_prompts.jsonl"
+from quickdraft.bench.servers import free_port
+from quickdraft.bench.workload import load_prompts
+
 MAX_SECONDS = 3600
 
 
@@ -64,17 +64,6 @@ def slope_per_min(points: list[tuple[float, float]]) -> float | None:
     mv = sum(v for _, v in points) / n
     den = sum((t - mt) ** 2 for t, _ in points)
     return None if den == 0 else 60 * sum((t - mt) * (v - mv) for t, v in points) / den
-
-
-def load_prompts(n: int = 200) -> list[dict]:
-    rows = [json.loads(line) for line in DATA.read_text().splitlines()[:n]]
-    return [{"prefix": r["prefix"][-1200:], "suffix": None if r["suffix"] is None else r["suffix"][:400]} for r in rows]
-
-
-def free_port() -> int:
-    with closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mb(pid: int | None) -> tuple[float | None, float | None, dict]:
@@ -132,7 +121,7 @@ class Soak:
         self.args = args
         self.address = address
         self.server_pid = server_pid
-        self.prompts = load_prompts()
+        self.prompts = load_prompts(200, prefix_chars=1200, suffix_chars=400)
         self.rng = random.Random(args.seed)
         self.outcomes: Counter = Counter()
         self.failures: Counter = Counter()
@@ -283,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.cancel_share <= 1:
         ap.error("--cancel-share must be in [0, 1]")
 
-    from quickdraft.server.validation import is_loopback
+    from quickdraft.server.config.validation import is_loopback
 
     proc = None
     if args.server:

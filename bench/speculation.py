@@ -25,19 +25,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from quickdraft.server.engine import Engine, SpecMode, hardware_description, vllm_version
+from quickdraft.bench.workload import load_prompts
+from quickdraft.server.engine import Engine, hardware_description, vllm_version
+from quickdraft.server.speculative import SpecConfig, default_candidates
 
-DATA = Path(__file__).resolve().parent / "data" / "heldout_prompts.jsonl"
-
-CONFIGS = [SpecMode.off()] + [SpecMode(enabled=True, parallel=False, k=k) for k in (1, 3, 5, 7)] + [SpecMode(enabled=True, parallel=True, k=k) for k in (1, 3, 5, 7)]
-
-
-def load_prompts(n: int, prefix_chars: int = 1500, suffix_chars: int = 500) -> list[dict]:
-    rows = [json.loads(line) for line in DATA.read_text().splitlines()]
-    out = []
-    for r in rows[:n]:
-        out.append({"prefix": r["prefix"][-prefix_chars:], "suffix": None if r["suffix"] is None else r["suffix"][:suffix_chars]})
-    return out
+CONFIGS = list(default_candidates())
 
 
 @dataclass
@@ -68,11 +60,12 @@ class ConfigResult:
         return [n / self.drafts for n in self.accepted_per_position] if self.drafts else []
 
 
-async def run_config(cfg, mode: SpecMode, prompts: list[dict], max_tokens: int, res: ConfigResult) -> None:
-    from quickdraft.server.requests import Sampling, tokenize
+async def run_config(cfg, spec: SpecConfig, prompts: list[dict], max_tokens: int, res: ConfigResult) -> None:
+    from quickdraft.server.preparation import Sampling
+    from quickdraft.server.prompt_tokens import tokenize
     from quickdraft.v1 import completion_pb2 as pb
 
-    engine = await Engine.start(cfg, mode)
+    engine = await Engine.start(cfg, spec)
     res.engine_start_s.append(engine.start_seconds)
     try:
         sampling = Sampling(max_tokens=max_tokens, temperature=0.0, top_p=1.0, stop=[], seed=None).to_vllm(engine.stop_token_ids)
@@ -187,7 +180,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def short(m: SpecMode) -> str:
+def short(m: SpecConfig) -> str:
     return "off" if not m.enabled else f"{'p' if m.parallel else 'ar'}{m.k}"
 
 

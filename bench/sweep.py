@@ -52,7 +52,9 @@ def all_configs() -> list[SweepConfig]:
     out = [SweepConfig("off", "off", 0, (("speculation.enabled", "false"),))]
     for mode, short, parallel in (("autoregressive", "ar", "false"), ("parallel", "p", "true")):
         for k in KS:
-            out.append(SweepConfig(f"{short}{k}", mode, k, (("speculation.enabled", "true"), ("speculation.parallel_drafting", parallel), ("speculation.num_speculative_tokens", str(k)))))
+            # A static config is an engine built for it, as `vllm serve` runs it, not a live engine pinned to it.
+            out.append(SweepConfig(f"{short}{k}", mode, k, (("speculation.enabled", "true"), ("speculation.parallel_drafting", parallel),
+                                                            ("speculation.num_speculative_tokens", str(k)), ("speculation.live_switching", "false"))))
     out.append(SweepConfig("controller", "controller", None, (("controller.enabled", "true"),)))
     out.append(SweepConfig("vllm-serve", "peer", PEER_SPECULATIVE["num_speculative_tokens"]))
     return out

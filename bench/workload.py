@@ -100,6 +100,15 @@ def _shape(rng: random.Random, spec: WorkloadSpec) -> tuple[str, int, tuple[str,
     return MULTI, spec.multi_line_max_tokens, ()
 
 
+def load_prompts(n: int, prefix_chars: int = 1500, suffix_chars: int = 500, path: Path = HELDOUT) -> list[dict]:
+    """The first ``n`` held-out prompts as ``{"prefix", "suffix"}`` (suffix
+    None: a plain continuation), the prefix's last and the suffix's first
+    characters kept."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()[:n]]
+    return [{"prefix": r["prefix"][-prefix_chars:], "suffix": None if r["suffix"] is None else r["suffix"][:suffix_chars]}
+            for r in rows]
+
+
 def heldout_tasks(spec: WorkloadSpec, path: Path = HELDOUT) -> list[Task]:
     """Tasks from the held-out prompts, in file order; each gets a shape by the seed.
 

@@ -8,19 +8,8 @@ from typing import Iterable, Mapping
 
 import grpc
 
-from quickdraft.v1.completion_pb2 import CompleteRequest, ContextFile, LatencyClass
-
-# Trailing metadata of a Complete refused (INVALID_ARGUMENT) for its prompt's
-# length: the prompt's true token count and the limit, so a client without the
-# model's tokenizer (the LSP bridge) can size its next prompt.
-PROMPT_TOKENS_KEY = "quickdraft-prompt-tokens"
-PROMPT_LIMIT_KEY = "quickdraft-prompt-limit"
-
-_LATENCY_CLASSES = {
-    "inline": LatencyClass.LATENCY_CLASS_INLINE,
-    "chat": LatencyClass.LATENCY_CLASS_CHAT,
-    "batch": LatencyClass.LATENCY_CLASS_BATCH,
-}
+from quickdraft.v1.completion_pb2 import CompleteRequest, ContextFile
+from quickdraft.wire import AUTHORIZATION_KEY, LATENCY_CLASSES, bearer
 
 
 def build_request(
@@ -45,9 +34,9 @@ def build_request(
     if request is not None:
         return request
     if isinstance(latency_class, str):
-        if latency_class not in _LATENCY_CLASSES:
-            raise ValueError(f"latency_class must be one of {sorted(_LATENCY_CLASSES)}, got {latency_class!r}")
-        latency_class = _LATENCY_CLASSES[latency_class]
+        if latency_class not in LATENCY_CLASSES:
+            raise ValueError(f"latency_class must be one of {sorted(LATENCY_CLASSES)}, got {latency_class!r}")
+        latency_class = LATENCY_CLASSES[latency_class]
     if isinstance(context_files, Mapping):
         context_files = context_files.items()
     msg = CompleteRequest(
@@ -109,7 +98,7 @@ def channel_options(max_message_bytes: int = 16 * 1024 * 1024) -> list[tuple[str
 def call_metadata(token: str | None, extra: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     md = [(k.lower(), v) for k, v in (extra or {}).items()]
     if token:
-        md.append(("authorization", f"Bearer {token}"))
+        md.append((AUTHORIZATION_KEY, bearer(token)))
     return md
 
 

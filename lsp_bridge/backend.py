@@ -22,10 +22,11 @@ import grpc
 import grpc.aio
 
 from quickdraft.client import AsyncCompletionClient, RetryPolicy
-from quickdraft.client.request import PROMPT_TOKENS_KEY, make_credentials
+from quickdraft.client.request import make_credentials
 from quickdraft.lsp_bridge.context import Budget
 from quickdraft.lsp_bridge.token_ratio import BytesPerToken, prompt_bytes
 from quickdraft.v1 import completion_pb2 as pb
+from quickdraft.wire import PROMPT_TOKENS_KEY
 
 log = logging.getLogger(__name__)
 

@@ -8,36 +8,53 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from quickdraft.server.config import QuickdraftConfig
+
+
+# Flags that are shorthands for --set of one setting.
+_SHORTHANDS = (("preset", "model.preset"), ("host", "server.host"), ("port", "server.port"),
+               ("metrics_port", "telemetry.metrics_port"), ("http_port", "http.port"))
+
+
+def serve_config(args: argparse.Namespace) -> QuickdraftConfig:
+    """The configuration `quickdraft serve` runs with: --config, the
+    QUICKDRAFT_* environment, then --set and the shorthand flags. Raises
+    ConfigError naming the setting; does not validate."""
+    from quickdraft.server.config import ConfigError, load_config
+
+    overrides: dict[str, object] = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            raise ConfigError(f"--set expects path=value, e.g. controller.hysteresis.warm_margin=0.05; got {item!r}")
+        overrides[key.strip()] = value
+    for flag, key in _SHORTHANDS:
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[key] = value
+    if args.http:
+        overrides["http.enabled"] = True
+    if args.controller:
+        overrides["controller.enabled"] = True
+    return load_config(args.config, overrides=overrides)
 
 
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from quickdraft.server.config import ConfigError, load_config
+    from quickdraft.server.config import ConfigError
 
-    overrides: dict[str, str] = {}
-    for item in args.set or []:
-        key, sep, value = item.partition("=")
-        if not sep or "." not in key:
-            print(f"quickdraft serve: --set expects section.key=value, got {item!r}", file=sys.stderr)
-            return 2
-        overrides[key] = value
-    for flag, key in (("preset", "model.preset"), ("host", "server.host"), ("port", "server.port"), ("metrics_port", "telemetry.metrics_port"), ("http_port", "http.port")):
-        value = getattr(args, flag)
-        if value is not None:
-            overrides[key] = value
-    if args.http:
-        overrides["http.enabled"] = "true"
-    if args.controller:
-        overrides["controller.enabled"] = "true"
     try:
-        cfg = load_config(args.config, overrides=overrides)
+        cfg = serve_config(args)
         cfg.validate()
     except ConfigError as e:
         print(f"quickdraft serve: configuration error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=cfg.server.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from quickdraft.server.grpc_server import QuickdraftServer
+    from quickdraft.server.app import QuickdraftServer
 
     return asyncio.run(QuickdraftServer(cfg).serve_forever())
 
@@ -111,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http", action="store_true", help="also serve the OpenAI-compatible HTTP API")
     p.add_argument("--http-port", type=int, help="HTTP API port (default 8000)")
     p.add_argument("--controller", action="store_true", help="let the adaptive controller pick K and the drafting mode")
-    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="any config setting, repeatable")
+    p.add_argument("--set", action="append", metavar="PATH=VALUE",
+                   help="any setting by its dotted path (docs/configuration.md), e.g. controller.hysteresis.warm_margin=0.05; repeatable")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("complete", help="stream a completion at FILE:LINE:COL (or '-' for stdin) to the terminal")
@@ -126,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_complete)
 
     from quickdraft.lsp_bridge import cli as lsp_cli
-    from quickdraft.server import tune
+    from quickdraft.bench import tune
 
     lsp_cli.add_subparser(sub)
     tune.add_subparser(sub)

@@ -1,10 +1,15 @@
-"""The prompt formats quickdraft renders: Qwen-Coder style fill-in-the-middle
-and repository-level prompts.
+"""The prompt formats quickdraft renders: Qwen-Coder style fill-in-the-middle,
+repository-level prompts and ChatML.
 
-One module for the server (which renders requests) and for training (which
-renders the embedded model's training samples), so the embedded model is
-trained on exactly what the server sends. The token strings are Qwen3-Coder's,
-so a prompt rendered here works unchanged on Qwen3-Coder-30B.
+One module for the server (which renders requests), for training (which
+renders the embedded model's training samples) and for clients that render
+their own prompts (raw_prompt), so the embedded model is trained on exactly
+what the server sends. Part of the wire layer (see ``quickdraft.wire``): it
+imports nothing of the server or the clients. The server's prompt step
+(render, then tokenize) is ``quickdraft.server.prompt_tokens``.
+
+The token strings are Qwen3-Coder's, so a prompt rendered here works
+unchanged on Qwen3-Coder-30B.
 
     <|repo_name|>{repo}\\n
     <|file_sep|>{path}\\n{content}\\n        (one per context file)

@@ -6,7 +6,7 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Iterator
 
-from quickdraft.server.requests import RequestError
+from quickdraft.server.errors import RequestError
 
 
 class Admission:

@@ -2,77 +2,72 @@
 
 Per finished request it turns the service's record into an Observation; every
 ``controller.decide_every_s`` it samples the engine, asks for a decision, and
-applies anything but "hold" by switching the engine (server/engine_manager.py
-builds the new engine while the old one serves, so no request is dropped).
+applies anything but "hold" by switching the engine: live, between two
+engine steps, where the serving engine can run the new setting
+(server/vllm_live.py), else by building another engine while the old one
+serves (server/engine_manager.py), so no request is dropped.
 The tuned profile is saved after each applied switch and on stop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import json
 import logging
 import time
 from pathlib import Path
 
-from google.protobuf import json_format
-
-from quickdraft.server.config import QuickdraftConfig
+from quickdraft.server.config import ControllerPolicy, ControllerSettings, QuickdraftConfig
 from quickdraft.server.controller import (
     DEFAULT_PROFILE_DIR,
     Controller,
-    ControllerSettings,
     EngineSnapshot,
-    KSchedule,
     Observation,
     ProfileKey,
     ProfileStore,
-    ScheduleSettings,
-    SLOSettings,
-    SpecConfig,
-    default_candidates,
     load_into,
     save_from,
     with_fingerprint,
 )
-from quickdraft.server.engine import SpecMode, hardware_description, vllm_version
+from quickdraft.server.controller_proto import state_message
+from quickdraft.server.engine import hardware_description, vllm_version
 from quickdraft.server.engine_manager import EngineManager
 from quickdraft.server.service import CompletionService
-from quickdraft.server.validation import parallel_schedules_supported
+from quickdraft.server.speculative import MAX_K, SpecConfig, default_candidates
+from quickdraft.server.vllm_build import parallel_schedules_supported
 from quickdraft.server.telemetry import RequestRecord, Telemetry
 from quickdraft.v1 import completion_pb2 as pb
 
 log = logging.getLogger("quickdraft.controller")
 
 
-def mode_of(config: SpecConfig, schedule: KSchedule | None) -> SpecMode:
-    """The engine configuration for a controller config and K schedule."""
-    if not config.enabled:
-        return SpecMode.off()
-    if schedule is None or schedule.is_uniform:
-        return SpecMode(enabled=True, parallel=config.parallel, k=schedule.max_k if schedule else config.k)
-    if schedule.parallel and not parallel_schedules_supported():
-        # e.g. a profile tuned before the CPU build's crash was known: K for one request, no schedule
-        k = schedule.k_for(1)
-        return SpecMode(enabled=True, parallel=True, k=k) if k > 0 else SpecMode.off()
-    return SpecMode(enabled=True, parallel=schedule.parallel, k=schedule.max_k, per_batch_size=tuple(schedule.to_vllm()))
-
-
-def config_of(mode: SpecMode) -> tuple[SpecConfig, KSchedule | None]:
-    if not mode.enabled:
-        return SpecConfig.off(), None
-    schedule = KSchedule.from_vllm(mode.parallel, mode.per_batch_size) if mode.per_batch_size else None
-    return SpecConfig(mode.parallel, mode.k), schedule
+def runnable(spec: SpecConfig, live_switching: bool) -> SpecConfig:
+    """``spec`` as this vLLM build can run it: a parallel-drafting schedule
+    crashes the CPU build unless live switching sets the drafter's slots per
+    step, so there it becomes the K for one request (e.g. from a profile
+    tuned without live switching)."""
+    if spec.parallel and spec.per_batch_size and not live_switching and not parallel_schedules_supported():
+        return spec.at(1)
+    return spec
 
 
 def controller_settings(cfg: QuickdraftConfig) -> ControllerSettings:
-    max_k = cfg.preset.max_parallel_k or 16
-    candidates = tuple(c for c in default_candidates() if not (c.parallel and c.k > max_k))
+    """What the controller receives: the [controller] policy sections as set,
+    plus what only the server knows (docs/configuration.md, "Derived at
+    start"): the candidates (no parallel K above the preset's trained slots),
+    the initial config ([speculation]), schedule.max_batch
+    (engine.max_num_seqs), and schedule.parallel turned off where this vLLM
+    build crashes on parallel-drafting schedules and live switching is off."""
+    policy = copy.deepcopy(cfg.controller)  # the controller must not share objects with the user's config
+    policy.schedule.max_batch = cfg.engine.max_num_seqs
+    policy.schedule.parallel = policy.schedule.parallel and (cfg.speculation.live_switching or parallel_schedules_supported())
+    max_k = cfg.preset.max_parallel_k or MAX_K
     return ControllerSettings(
-        candidates=candidates,
-        initial=config_of(SpecMode.from_config(cfg))[0],
-        slo=SLOSettings(ttft_s=dict(cfg.controller.ttft_slo_s)),
-        schedule=ScheduleSettings(max_batch=cfg.engine.max_num_seqs, parallel=parallel_schedules_supported()),
+        candidates=tuple(c for c in default_candidates() if not (c.parallel and c.k > max_k)),
+        initial=cfg.spec_config(),
+        **{f.name: getattr(policy, f.name) for f in dataclasses.fields(ControllerPolicy)},
     )
 
 
@@ -107,42 +102,41 @@ class ControllerLoop:
         self.applied_switches = 0
         self.skipped_during_builds = 0
         self.skipped_while_shared = 0
+        self.skipped_across_switches = 0
         path = cfg.controller.observations_file
         self._observations_out = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 - open for the server's life
         self.failed_switches = 0
         service.observers.callbacks.append(self.on_request)
 
-    def start_mode(self) -> SpecMode:
-        """The engine to start with: the profile's last good config, else the configured one."""
-        config, schedule = self.ctl.start_config()
-        return mode_of(config, schedule)
+    def start_spec(self) -> SpecConfig:
+        """The setting to start with: the profile's last good one, else the configured one."""
+        return runnable(self.ctl.start_config(), self.cfg.speculation.live_switching)
 
     def start(self) -> None:
         engine = self.engines.engine
         if engine is not None:
-            self.ctl.activate(*config_of(engine.mode), now=self.clock())
+            self.ctl.activate(engine.spec, now=self.clock())
         self._task = asyncio.create_task(self._run(), name="controller")
         if self.engines.standby_capacity > 0:
             self._prewarm_task = asyncio.create_task(self.prewarm(), name="controller-prewarm")
 
-    def full_batch_mode(self) -> SpecMode:
-        """The engine the model picks for a full batch (engine.max_num_seqs)."""
-        config, schedule, _ = self.ctl.recommend(float(self.cfg.engine.max_num_seqs))
-        return mode_of(config, schedule)
+    def full_batch_spec(self) -> SpecConfig:
+        """The setting the model picks for a full batch (engine.max_num_seqs)."""
+        return runnable(self.ctl.recommend(float(self.cfg.engine.max_num_seqs)).engine, self.cfg.speculation.live_switching)
 
     async def prewarm(self) -> bool:
-        """With standby engines: build the full-batch pick's engine now when it
-        differs from the serving one, so the first move to high load is a
-        switch, not a rebuild."""
+        """With standby engines: build the full-batch pick's engine now when
+        the serving engine cannot switch to it live, so the first move to high
+        load is instant, not a rebuild."""
         engine = self.engines.engine
         if engine is None or not self.ctl.estimator.ready:
             return False  # no profile: nothing to predict from yet
-        mode = self.full_batch_mode()
-        if mode == engine.mode:
+        spec = self.full_batch_spec()
+        if self.engines.instant(spec):
             return False
-        log.info("building a standby engine for a full batch: %s", mode.label())
+        log.info("building a standby engine for a full batch: %s", spec.label())
         t0 = time.monotonic()
-        built = await self.engines.prewarm(mode)
+        built = await self.engines.prewarm(spec)
         if built:
             self.ctl.observe_build(time.monotonic() - t0)  # built beside the serving engine, as a rebuild is
         return built
@@ -185,6 +179,10 @@ class ControllerLoop:
             # that serves at 25 ms, and the controller switched back.
             self.skipped_while_shared += 1
             return
+        if spec.live_switches:
+            # Ran partly in another setting: its TPOT and acceptance mix two configs.
+            self.skipped_across_switches += 1
+            return
         obs = Observation.from_speculative_stats(
             spec,
             latency_class=record.latency_class,
@@ -221,36 +219,36 @@ class ControllerLoop:
         snap = engine.snapshot
         now = self.clock()
         self.ctl.observe_engine(EngineSnapshot(running=snap.running, waiting=snap.waiting, kv_cache_usage=min(1.0, max(0.0, snap.kv_cache_usage))), now=now)
-        self.ctl.set_warm(config_of(mode) for mode in self.engines.standby)
+        self.ctl.set_warm(self.engines.standby, live=self.engines.live_can_serve)
         decision = self.ctl.decide(now=now)
         if decision.action == "hold":
             return
         log.info("controller %s: %s -> %s: %s", decision.action, decision.current.label(), decision.target.label(), decision.reason)
         if decision.action == "fallback":
             self.telemetry.speculation_off.add(1, {"reason": decision.reason_code})
-        mode = mode_of(decision.target, decision.schedule)
-        if not self.cfg.controller.allow_rebuild and decision.action != "fallback":
+        spec = runnable(decision.engine, self.cfg.speculation.live_switching)
+        instant = self.engines.instant(spec)
+        if not instant and not self.cfg.controller.allow_rebuild and decision.action != "fallback":
             self.ctl.apply_failed(decision, "engine rebuilds are disabled (controller.allow_rebuild = false)", now=self.clock())
             return
-        instant_before = self.engines.stats.instant_switches
-        ok = await self.engines.switch(mode, f"controller {decision.action}: {decision.reason}")
+        ok = await self.engines.switch(spec, f"controller {decision.action}: {decision.reason}")
         if ok:
             self.applied_switches += 1
-            rebuilt = self.engines.stats.instant_switches == instant_before
-            if rebuilt:
+            if not instant:
                 self.telemetry.engine_rebuilds.add(1, {"reason": decision.reason_code})
-            self.ctl.applied(decision, now=self.clock(), rebuilt=rebuilt)
-            self.save()
+            self.ctl.applied(decision, now=self.clock(), rebuilt=not instant)
+            if not instant:
+                self.save()  # a live switch changes nothing a restart would need sooner than stop()
         else:
             self.failed_switches += 1
-            self.ctl.apply_failed(decision, "the new engine failed to start", now=self.clock())
+            self.ctl.apply_failed(decision, "the switch failed (see the log)", now=self.clock())
 
     # --- outputs -----------------------------------------------------------------
 
     def state_proto(self) -> pb.ControllerState:
-        state = self.ctl.state()
-        msg = json_format.ParseDict(state, pb.ControllerState(), ignore_unknown_fields=True)
+        msg = state_message(self.ctl.state())
         msg.enabled = True
         msg.engine_rebuilds = self.engines.stats.rebuilds
+        msg.live_switches = self.engines.stats.live_switches
         msg.profile_path = str(self.store.path_for(self.key))
         return msg

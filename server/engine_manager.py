@@ -1,11 +1,14 @@
 """The serving engine's life: start, switch to another speculative config,
 restart after a crash, drain on shutdown. Requests never see a half-built engine.
 
-Switching (vLLM 0.32 fixes the speculative config at engine start): the new
-engine is built while the old one keeps serving; new requests go to the new
-one once it is ready; the old one finishes its in-flight streams and is shut
-down. Both fit in memory for the models this targets; ``drain_first=True``
-drains before building, for machines where they would not.
+Switching: a live engine (server/vllm_live.py) changes K, the K schedule and
+the drafting mode between two engine steps, in-flight requests included.
+What it cannot run (another drafter, K above its maximum, or speculation off
+on a plain engine where ``speculation.off_engine = "plain"``) needs another
+engine: it is built while the old one keeps serving, new requests go to it
+once it is ready, and the old one finishes its in-flight streams and is shut
+down. Where both would not fit (a GPU whose engine takes more than half its
+memory) the old one drains first and the switch is an outage.
 
 Warm standby (``controller.standby_engines`` > 0): the engine switched away
 from is kept, idle, instead of being shut down, and ``prewarm`` builds one
@@ -26,12 +29,14 @@ import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
+from collections import deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from quickdraft.server.config import QuickdraftConfig
-from quickdraft.server.engine import Engine, EngineError, SpecMode
-from quickdraft.server.requests import RequestError
+from quickdraft.server.engine import Engine, EngineError
+from quickdraft.server.errors import RequestError
+from quickdraft.server.speculative import SpecConfig
 
 log = logging.getLogger("quickdraft.engine")
 
@@ -48,6 +53,10 @@ class ManagerStats:
     last_switch_s: float | None = None
     instant_switches: int = 0
     """Switches served by a warm standby engine (no rebuild)."""
+    live_switches: int = 0
+    """Switches made inside the serving engine (server/vllm_live.py)."""
+    live_switch_ms: deque = field(default_factory=lambda: deque(maxlen=1000))
+    """Engine-core round trip of the recent live switches, milliseconds."""
     failed_switches: int = 0
     fallbacks: int = 0
     """Restarts that changed config because the old one kept crashing."""
@@ -58,15 +67,15 @@ CRASH_LOOP_WINDOW_S = 300.0
 """An engine that dies within this long of its start counts towards a crash loop."""
 
 
-def fallback_mode(crashed: SpecMode, configured: SpecMode) -> SpecMode:
+def fallback_spec(crashed: SpecConfig, configured: SpecConfig) -> SpecConfig:
     """What to restart with after `crashed` died twice in a row: the
     configured static config if it differs, else the same without its
     per-batch-size schedule, else speculation off."""
     if configured != crashed:
         return configured
     if crashed.per_batch_size:
-        return SpecMode(crashed.enabled, crashed.parallel, crashed.k)
-    return SpecMode.off()
+        return SpecConfig(crashed.parallel, crashed.k)
+    return SpecConfig.off()
 
 
 class EngineManager:
@@ -83,9 +92,9 @@ class EngineManager:
         self._watch_task: asyncio.Task | None = None
         self._quick_deaths = 0
         self.on_engine_change: list[Callable[[Engine], None]] = []
-        self.standby: dict[SpecMode, Engine] = {}  # oldest first
-        self._prewarming: set[SpecMode] = set()
-        self._prewarmed: SpecMode | None = None  # evicted last: it was built for a load not seen yet
+        self.standby: dict[SpecConfig, Engine] = {}  # oldest first
+        self._prewarming: set[SpecConfig] = set()
+        self._prewarmed: SpecConfig | None = None  # evicted last: it was built for a load not seen yet
         self._contended_until = 0.0  # time.monotonic() when the serving engine last stopped sharing the machine
         self._stopping = 0  # engines being shut down
 
@@ -129,10 +138,27 @@ class EngineManager:
     def serving(self) -> bool:
         return self.state in (SERVING, SWITCHING) and self.engine is not None and not self.engine.dead
 
-    async def start(self, mode: SpecMode) -> Engine:
+    def live_for(self, spec: SpecConfig) -> bool:
+        """Whether a new engine for ``spec`` is built live (switchable)."""
+        return self.cfg.speculation.live_switching and (spec.enabled or self.off_stays_live())
+
+    def off_stays_live(self) -> bool:
+        """Speculation off as K=0 on a live engine, rather than on a plain one.
+        A K=0 step still runs the drafter's first pass (to keep its KV cache
+        valid), which costs 1.4-1.7x a plain engine's step on the CPU build; on
+        a GPU that cannot hold a second engine, K=0 is the only instant "off"."""
+        mode = self.cfg.speculation.off_engine
+        if mode == "auto":
+            return self.needs_drain_for_rebuild()
+        return mode == "live"
+
+    async def _build(self, spec: SpecConfig) -> Engine:
+        return await self._factory(self.cfg, spec, self.live_for(spec))
+
+    async def start(self, spec: SpecConfig) -> Engine:
         self._set(STARTING)
         try:
-            self.engine = await self._factory(self.cfg, mode)
+            self.engine = await self._build(spec)
         except Exception:
             self._set(FAILED)
             raise
@@ -186,18 +212,27 @@ class EngineManager:
         except asyncio.TimeoutError:
             return False
 
-    async def switch(self, mode: SpecMode, reason: str = "", drain_first: bool = False, drain_timeout: float = 60.0) -> bool:
-        """Serve `mode` from now on. False (and the old engine keeps serving) if the new one fails to start."""
+    def needs_drain_for_rebuild(self) -> bool:
+        """A second engine beside the serving one would not fit: on a GPU each
+        engine takes ``engine.gpu_memory_utilization`` of its memory."""
+        return self.cfg.device() != "cpu" and self.cfg.engine.gpu_memory_utilization > 0.5
+
+    async def switch(self, spec: SpecConfig, reason: str = "", drain_first: bool | None = None, drain_timeout: float = 60.0) -> bool:
+        """Serve `spec` from now on: live inside the serving engine when it can,
+        else on a standby or new engine. False (and the old engine keeps
+        serving) if a new one fails to start."""
+        if drain_first is None:
+            drain_first = self.needs_drain_for_rebuild()
         async with self._lock:
             old = self.engine
-            if old is not None and old.mode == mode:
+            if old is not None and old.spec == spec:
                 return True
+            if old is not None and self._live_can_serve(old, spec):
+                return await self._switch_live(old, spec, reason)
             t0 = time.monotonic()
-            log.info("switching engine to %s (%s)", mode.label(), reason or "requested")
+            log.info("switching engine to %s (%s)", spec.label(), reason or "requested")
             self._set(SWITCHING)
-            warm = self.standby.pop(mode, None)
-            if mode == self._prewarmed:
-                self._prewarmed = None
+            warm = self._take_standby(spec)
             if warm is not None and warm.dead:
                 asyncio.create_task(self._retire(warm, 0.0), name="engine-retire")
                 warm = None
@@ -209,13 +244,15 @@ class EngineManager:
                 old.shutdown()
                 self.engine = None
             try:
-                new = warm if warm is not None else await self._factory(self.cfg, mode)
+                if warm is not None and warm.spec != spec:
+                    await warm.switch(spec)
+                new = warm if warm is not None else await self._build(spec)
             except Exception as e:  # noqa: BLE001
                 self.stats.failed_switches += 1
-                log.error("engine for %s failed to start: %s; keeping %s", mode.label(), e, old.mode.label() if old else "none")
+                log.error("engine for %s failed to start: %s; keeping %s", spec.label(), e, old.spec.label() if old else "none")
                 if drain_first or old is None:
                     # Nothing left serving: bring back what we had.
-                    self.engine = await self._factory(self.cfg, old.mode) if old else None
+                    self.engine = await self._build(old.spec) if old else None
                 self._set(SERVING if self.engine else FAILED)
                 return False
             self.engine = new
@@ -225,7 +262,7 @@ class EngineManager:
             else:
                 self.stats.rebuilds += 1
             self.stats.last_switch_s = time.monotonic() - t0
-            self.stats.history.append({"time": time.time(), "from": old.mode.label() if old else None, "to": mode.label(), "reason": reason,
+            self.stats.history.append({"time": time.time(), "from": old.spec.label() if old else None, "to": spec.label(), "reason": reason,
                                        "seconds": round(self.stats.last_switch_s, 2), "standby": warm is not None})
             self._set(SERVING)
         if old is not None and not drain_first:
@@ -237,9 +274,50 @@ class EngineManager:
                 asyncio.create_task(self._retire(old, drain_timeout), name="engine-retire")
         return True
 
+    def _live_can_serve(self, engine: Engine, spec: SpecConfig) -> bool:
+        # Speculation off stays on a live engine (K=0) only where that is the
+        # configured way to run "off"; otherwise it gets a plain engine.
+        return engine.live and engine.can_switch_to(spec) and (spec.enabled or self.off_stays_live())
+
+    def live_can_serve(self, spec: SpecConfig) -> bool:
+        """Whether the serving engine can switch to ``spec`` between two steps."""
+        engine = self.engine
+        return engine is not None and (engine.spec == spec or self._live_can_serve(engine, spec))
+
+    def instant(self, spec: SpecConfig) -> bool:
+        """Whether a switch to ``spec`` needs no new engine: live, or a standby one."""
+        return self.live_can_serve(spec) or spec in self.standby or any(
+            self._live_can_serve(e, spec) for e in self.standby.values())
+
+    def _take_standby(self, spec: SpecConfig) -> Engine | None:
+        """A standby engine that runs ``spec`` as it is, else one that can switch to it live."""
+        key = spec if spec in self.standby else next((k for k, e in self.standby.items() if self._live_can_serve(e, spec)), None)
+        if key is None:
+            return None
+        if key == self._prewarmed:
+            self._prewarmed = None
+        return self.standby.pop(key)
+
+    async def _switch_live(self, engine: Engine, spec: SpecConfig, reason: str) -> bool:
+        before = engine.spec
+        try:
+            seconds = await engine.switch(spec)
+        except Exception as e:  # noqa: BLE001 - a failed switch leaves the engine as it was
+            self.stats.failed_switches += 1
+            log.error("live switch to %s failed: %s; keeping %s", spec.label(), e, before.label())
+            return False
+        self.stats.live_switches += 1
+        self.stats.live_switch_ms.append(seconds * 1e3)
+        self.stats.last_switch_s = seconds
+        self.stats.history.append({"time": time.time(), "from": before.label(), "to": spec.label(), "reason": reason,
+                                   "seconds": round(seconds, 4), "live": True})
+        log.info("live switch %s -> %s in %.1f ms (%s)", before.label(), spec.label(), seconds * 1e3, reason or "requested")
+        self._notify()
+        return True
+
     def _keep(self, engine: Engine, drain_timeout: float) -> None:
-        self.standby.pop(engine.mode, None)
-        self.standby[engine.mode] = engine
+        self.standby.pop(engine.spec, None)
+        self.standby[engine.spec] = engine
         while len(self.standby) > self.standby_capacity:
             # The oldest goes first; the prewarmed engine only when nothing else is left.
             victim = next((m for m in self.standby if m != self._prewarmed), next(iter(self.standby)))
@@ -247,28 +325,28 @@ class EngineManager:
                 self._prewarmed = None
             asyncio.create_task(self._retire(self.standby.pop(victim), drain_timeout), name="engine-retire")
 
-    async def prewarm(self, mode: SpecMode) -> bool:
-        """Build an engine for ``mode`` and keep it on standby (it takes no
-        requests until a switch to ``mode``). False when standby is off, the
-        mode already has an engine, or the build failed (logged)."""
-        if (self.standby_capacity == 0 or mode in self.standby or mode in self._prewarming
-                or (self.engine is not None and self.engine.mode == mode)):
+    async def prewarm(self, spec: SpecConfig) -> bool:
+        """Build an engine for ``spec`` and keep it on standby (it takes no
+        requests until a switch to ``spec``). False when standby is off, the
+        spec already has an engine, or the build failed (logged)."""
+        if (self.standby_capacity == 0 or spec in self.standby or spec in self._prewarming
+                or (self.engine is not None and (self.engine.spec == spec or self._live_can_serve(self.engine, spec)))):
             return False
-        self._prewarming.add(mode)
+        self._prewarming.add(spec)
         try:
-            engine = await self._factory(self.cfg, mode)
+            engine = await self._build(spec)
         except Exception as e:  # noqa: BLE001 - a standby is an optimisation, never an outage
-            log.warning("standby engine for %s failed to start: %s", mode.label(), e)
+            log.warning("standby engine for %s failed to start: %s", spec.label(), e)
             return False
         finally:
-            self._prewarming.discard(mode)
+            self._prewarming.discard(spec)
             self._contended_until = time.monotonic()
-        if self.state in (STOPPED, DRAINING) or (self.engine is not None and self.engine.mode == mode):
+        if self.state in (STOPPED, DRAINING) or (self.engine is not None and self.engine.spec == spec):
             await asyncio.to_thread(engine.shutdown)
             return False
-        self._prewarmed = mode
+        self._prewarmed = spec
         self._keep(engine, 0.0)
-        log.info("standby engine for %s ready", mode.label())
+        log.info("standby engine for %s ready", spec.label())
         return True
 
     async def _retire(self, engine: Engine, timeout: float) -> None:
@@ -287,10 +365,10 @@ class EngineManager:
         """Restart the engine when it dies (vLLM marks it errored)."""
         while True:
             await asyncio.sleep(0.5)
-            for mode, standby in list(self.standby.items()):
+            for spec, standby in list(self.standby.items()):
                 if standby.dead:
-                    log.warning("standby engine for %s died; dropped", mode.label())
-                    del self.standby[mode]
+                    log.warning("standby engine for %s died; dropped", spec.label())
+                    del self.standby[spec]
                     asyncio.create_task(self._retire(standby, 0.0), name="engine-retire")
             engine = self.engine
             if engine is None or self.state not in (SERVING,) or not engine.dead:
@@ -299,23 +377,23 @@ class EngineManager:
                 self._set(FAILED)
                 return
             t0 = time.monotonic()
-            mode = engine.mode
+            spec = engine.spec
             started_at = getattr(engine, "started_at", 0.0)
             died_young = bool(started_at) and time.time() - started_at < CRASH_LOOP_WINDOW_S
             self._quick_deaths = self._quick_deaths + 1 if died_young else 1
             if self._quick_deaths >= 2:
-                mode = fallback_mode(engine.mode, SpecMode.from_config(self.cfg))
+                spec = fallback_spec(engine.spec, self.cfg.spec_config())
                 self._quick_deaths = 0
                 self.stats.fallbacks += 1
                 log.error("engine died twice within %.0f s of starting (%s); restarting with %s instead",
-                          CRASH_LOOP_WINDOW_S, engine.mode.label(), mode.label())
+                          CRASH_LOOP_WINDOW_S, engine.spec.label(), spec.label())
             else:
-                log.error("engine died (%s); restarting", engine.mode.label())
+                log.error("engine died (%s); restarting", engine.spec.label())
             self._set(RESTARTING)
             await asyncio.to_thread(engine.shutdown)
             for attempt in range(1, 4):
                 try:
-                    self.engine = await self._factory(self.cfg, mode)
+                    self.engine = await self._build(spec)
                     break
                 except (EngineError, Exception) as e:  # noqa: BLE001
                     log.error("restart attempt %d failed: %s", attempt, e)

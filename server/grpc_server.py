@@ -1,19 +1,15 @@
-"""The gRPC front end: a thin servicer over CompletionService, plus health,
-reflection, authentication, TLS and graceful shutdown.
+"""The gRPC front end: a thin servicer over CompletionService, and the
+gRPC server around it (health, reflection, bearer-token auth, TLS).
 
-``QuickdraftServer`` puts the pieces together; ``quickdraft serve`` and the
-integration tests both use it.
+Startup and shutdown of the whole process are ``app.QuickdraftServer``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
-import os
-import signal
 from pathlib import Path
+from typing import Callable
 
 import grpc
 import grpc.aio
@@ -21,20 +17,18 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from quickdraft.server import engine_manager as em
-from quickdraft.server.admission import Admission
 from quickdraft.server.config import QuickdraftConfig
-from quickdraft.server.engine import SpecMode
-from quickdraft.server.engine_manager import EngineManager
-from quickdraft.server.requests import RequestError
+from quickdraft.server.errors import RequestError
+from quickdraft.server.frontend import Auth, grpc_peer_host
 from quickdraft.server.service import CompletionService
-from quickdraft.server.telemetry import Telemetry
 from quickdraft.v1 import completion_pb2 as pb
+from quickdraft.wire import AUTHORIZATION_KEY
 
 log = logging.getLogger("quickdraft.server")
 
 SERVICE_NAME = "quickdraft.v1.Completion"
 HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"
+UNAUTHENTICATED = "missing or wrong bearer token (metadata 'authorization: Bearer <token>')"
 
 
 class _BadRequest:
@@ -54,37 +48,22 @@ def _parse(message_type):
     return parse
 
 
-def client_identity(context: grpc.aio.ServicerContext, token_auth: bool = True) -> str:
-    """Per-client limits key: the bearer token's hash, else the peer's address.
-
-    The token counts only when the server checks tokens: otherwise any client
-    could send a fresh made-up token per call and escape its per-client limit.
-    """
-    md = dict(context.invocation_metadata() or ())
-    auth = md.get("authorization", "") if token_auth else ""
-    if auth:
-        return "token:" + hashlib.sha256(auth.encode()).hexdigest()[:16]
-    peer = context.peer() or "unknown"
-    # "ipv4:127.0.0.1:53622" -> the host, so one editor's many connections count once.
-    return peer.rsplit(":", 1)[0]
-
-
 class CompletionServicer:
     """gRPC adapter: protocol in, protocol out; the logic is CompletionService's."""
 
-    def __init__(self, service: CompletionService, controller_state=None, token_auth: bool = False):
+    def __init__(self, service: CompletionService, auth: Auth | None = None, controller_state: Callable[[], pb.ControllerState | None] | None = None):
         self.service = service
+        self.auth = auth or Auth(None)
         self.controller_state = controller_state
-        self.token_auth = token_auth
 
     async def Complete(self, request, context: grpc.aio.ServicerContext):
         if isinstance(request, _BadRequest):
-            self.service.telemetry.reject("INVALID_ARGUMENT")
+            self.service.refused("INVALID_ARGUMENT")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request could not be parsed: {request.error} (string fields must be valid UTF-8)")
         md = dict(context.invocation_metadata() or ())
-        trace_ctx = self.service.telemetry.trace_context(md)
+        client = self.auth.client_identity(md.get(AUTHORIZATION_KEY, ""), grpc_peer_host(context.peer()))
         try:
-            async for msg in self.service.complete(request, client_identity(context, self.token_auth), trace_ctx):
+            async for msg in self.service.complete(request, client, md):
                 yield msg
         except RequestError as e:
             if e.metadata:
@@ -118,17 +97,17 @@ class CompletionServicer:
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Bearer-token check, constant time. Health checks stay open unless configured."""
+    """The bearer-token check on every call. Health checks stay open unless configured."""
 
-    def __init__(self, token: str, exempt_health: bool = True):
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, auth: Auth, exempt_health: bool = True):
+        self._auth = auth
         self._exempt_health = exempt_health
 
         async def deny_unary(request, context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (metadata 'authorization: Bearer <token>')")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
 
         async def deny_stream(request, context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (metadata 'authorization: Bearer <token>')")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
             yield  # pragma: no cover
 
         self._deny_unary = grpc.unary_unary_rpc_method_handler(deny_unary)
@@ -138,18 +117,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if self._exempt_health and details.method.startswith(HEALTH_METHOD_PREFIX):
             return await continuation(details)
         md = dict(details.invocation_metadata or ())
-        got = md.get("authorization", "").encode()
-        if hmac.compare_digest(got, self._expected):
+        if self._auth.allows(md.get(AUTHORIZATION_KEY, "")):
             return await continuation(details)
         return self._deny_stream if details.method.endswith("/Complete") else self._deny_unary
-
-
-def read_auth_token(cfg: QuickdraftConfig) -> str | None:
-    sec = cfg.security
-    if sec.auth_token_file:
-        return Path(sec.auth_token_file).expanduser().read_text().strip()
-    token = os.environ.get(sec.auth_token_env, "").strip()
-    return token or None
 
 
 def server_credentials(cfg: QuickdraftConfig) -> grpc.ServerCredentials | None:
@@ -162,141 +132,63 @@ def server_credentials(cfg: QuickdraftConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=ca is not None)
 
 
-class QuickdraftServer:
-    """gRPC server + engine manager + telemetry (+ controller and HTTP when configured)."""
+class GrpcServer:
+    """The gRPC listener on cfg.server.host:cfg.server.port (0: a free port,
+    then read ``.port``): the Completion service, grpc.health.v1 and reflection."""
 
-    def __init__(self, cfg: QuickdraftConfig, span_exporter=None, engine_factory=None):
+    def __init__(self, cfg: QuickdraftConfig, service: CompletionService, auth: Auth, controller_state: Callable[[], pb.ControllerState | None]):
         self.cfg = cfg
-        self.telemetry = Telemetry(cfg.preset.name, cfg.telemetry.metrics_port, cfg.telemetry.metrics_host, cfg.telemetry.otlp_endpoint, span_exporter)
+        self.service = service
+        self.auth = auth
+        self.servicer = CompletionServicer(service, auth, controller_state)
         self.health = health_aio.HealthServicer()
-        kwargs = {"engine_factory": engine_factory} if engine_factory else {}
-        self.engines = EngineManager(cfg, on_state=self._on_engine_state, **kwargs)
-        self.service = CompletionService(cfg, self.engines, self.telemetry, Admission(cfg.limits.max_concurrent_streams, cfg.limits.max_streams_per_client))
-        self.controller = None
-        self.http = None
-        self.grpc: grpc.aio.Server | None = None
+        self.server: grpc.aio.Server | None = None
         self.port = 0
-        self._engine_task: asyncio.Task | None = None
-        self._stopping = asyncio.Event()
-        self._failed = asyncio.Event()
         self._pending_health: set[asyncio.Future] = set()
 
-    def _on_engine_state(self, state: str) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if state in (em.SERVING, em.SWITCHING) else health_pb2.HealthCheckResponse.NOT_SERVING
-        if self._stopping.is_set():
-            status = health_pb2.HealthCheckResponse.NOT_SERVING
-        if state == em.FAILED:
-            self._failed.set()
-        for name in ("", SERVICE_NAME):
-            fut = asyncio.ensure_future(self.health.set(name, status))
-            self._pending_health.add(fut)  # keep a reference until it has run
-            fut.add_done_callback(self._pending_health.discard)
-
     async def start(self) -> int:
-        """Bind, start serving health (NOT_SERVING), then build the engine in the background."""
+        """Bind and serve; health says NOT_SERVING until set_serving(True)."""
         cfg = self.cfg
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        interceptors = []
-        token = read_auth_token(cfg)
-        if token:
-            interceptors.append(AuthInterceptor(token, exempt_health=not cfg.security.health_requires_auth))
+        interceptors = [AuthInterceptor(self.auth, exempt_health=not cfg.security.health_requires_auth)] if self.auth.enabled else []
         opts = [
             ("grpc.max_send_message_length", cfg.server.max_message_bytes),
             ("grpc.max_receive_message_length", cfg.server.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        self.grpc = grpc.aio.server(interceptors=interceptors, options=opts)
-        servicer = CompletionServicer(self.service, controller_state=lambda: self.controller.state_proto() if self.controller else None, token_auth=bool(token))
-        self.servicer = servicer
-        self.grpc.add_generic_rpc_handlers((servicer.handler(),))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        self.server = grpc.aio.server(interceptors=interceptors, options=opts)
+        self.server.add_generic_rpc_handlers((self.servicer.handler(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if cfg.server.reflection:
             from grpc_reflection.v1alpha import reflection
 
-            reflection.enable_server_reflection((SERVICE_NAME, "grpc.health.v1.Health", reflection.SERVICE_NAME), self.grpc)
+            reflection.enable_server_reflection((SERVICE_NAME, "grpc.health.v1.Health", reflection.SERVICE_NAME), self.server)
         address = f"{cfg.server.host}:{cfg.server.port}"
         creds = server_credentials(cfg)
         try:
-            self.port = self.grpc.add_secure_port(address, creds) if creds else self.grpc.add_insecure_port(address)
+            self.port = self.server.add_secure_port(address, creds) if creds else self.server.add_insecure_port(address)
         except RuntimeError:
             self.port = 0
         if self.port == 0:
             raise OSError(f"could not bind {address}: is another server using that port? Pick another with --port or server.port")
-        await self.grpc.start()
-        log.info("gRPC listening on %s:%d%s%s", cfg.server.host, self.port, " (TLS)" if creds else "", " (auth)" if token else "")
-        if cfg.http.enabled:
-            # Up before the engine, so /health says 503 while it starts and a taken port shows at once.
-            from quickdraft.server.http_api import HttpServer
-
-            self.http = HttpServer(cfg, self.service)
-            await self.http.start()
-        self._engine_task = asyncio.create_task(self._start_engine(), name="engine-start")
+        await self.server.start()
+        log.info("gRPC listening on %s:%d%s%s", cfg.server.host, self.port, " (TLS)" if creds else "", " (auth)" if self.auth.enabled else "")
         return self.port
 
-    async def _start_engine(self) -> None:
-        mode = SpecMode.from_config(self.cfg)
-        if self.cfg.controller.enabled:
-            from quickdraft.server.controller_loop import ControllerLoop
+    def set_serving(self, serving: bool) -> None:
+        """Health status of the server and the Completion service (callable from sync code)."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            fut = asyncio.ensure_future(self.health.set(name, status))
+            self._pending_health.add(fut)  # keep a reference until it has run
+            fut.add_done_callback(self._pending_health.discard)
 
-            self.controller = ControllerLoop(self.cfg, self.engines, self.service, self.telemetry)
-            # A tuned profile for this hardware/model/drafter/vLLM starts from its last good config.
-            mode = self.controller.start_mode()
-        await self.engines.start(mode)
-        if self.controller is not None:
-            self.controller.start()
-
-    async def wait_ready(self, timeout: float = 300.0) -> None:
-        """Until the engine serves; raises what the engine start raised."""
-        await asyncio.wait_for(asyncio.shield(self._engine_task), timeout)
-
-    async def shutdown(self, grace_s: float | None = None) -> None:
-        """SIGTERM path: NOT_SERVING, refuse new streams, let in-flight ones finish, stop."""
-        grace = self.cfg.server.grace_period_s if grace_s is None else grace_s
-        self._stopping.set()
-        self.service.admission.accepting = False
+    async def drain(self) -> None:
+        """Shutdown's first step: health says NOT_SERVING, so balancers stop sending."""
         await self.health.enter_graceful_shutdown()
-        log.info("draining: %d streams in flight, grace %.1f s", self.service.admission.open, grace)
-        if self.controller:
-            self.controller.stop()
-        # Both front ends drain together, within one grace period.
-        stops = [self.grpc.stop(grace)] if self.grpc is not None else []
-        if self.http:
-            stops.append(self.http.stop())
-        await asyncio.gather(*stops)
-        if self._engine_task and not self._engine_task.done():
-            self._engine_task.cancel()
-        await self.engines.stop()
-        self.telemetry.shutdown()
 
-    async def serve_forever(self) -> int:
-        """Run until SIGTERM/SIGINT; exit code 0 after a clean drain."""
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await self.start()
-        except OSError as e:
-            print(f"quickdraft serve: {e}", flush=True)
-            return 1
-        print(f"quickdraft: gRPC on {self.cfg.server.host}:{self.port} (engine starting: {self.cfg.preset.name})", flush=True)
-        engine_done = self._engine_task
-        waiter = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({engine_done, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        if engine_done in done and engine_done.exception() is not None:
-            log.error("engine failed to start: %s", engine_done.exception())
-            await self.shutdown(0)
-            return 1
-        if engine_done in done:
-            print(f"quickdraft: serving {self.cfg.preset.name} ({self.engines.engine.mode.label()})", flush=True)
-            failed = asyncio.create_task(self._failed.wait())
-            await asyncio.wait({waiter, failed}, return_when=asyncio.FIRST_COMPLETED)
-            if failed.done():
-                # The engine died and could not be restarted: exit so a supervisor can.
-                log.error("engine failed and could not be restarted; exiting")
-                await self.shutdown(0)
-                return 1
-            failed.cancel()
-        await self.shutdown()
-        return 0
+    async def stop(self, grace_s: float) -> None:
+        """Refuse new calls; in-flight ones get grace_s, then are cancelled."""
+        if self.server is not None:
+            await self.server.stop(grace_s)

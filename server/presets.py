@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+
 def embedded_dir() -> Path:
     """The shipped model, in the source tree or installed package."""
     import quickdraft

@@ -1,6 +1,6 @@
 """CompletionService: the completion logic, with no network in it.
 
-The gRPC servicer and the HTTP endpoint are thin adapters over
+The gRPC servicer and the OpenAI-compatible HTTP API are thin adapters over
 ``CompletionService.complete``; tests can drive it with a fake engine.
 """
 
@@ -12,20 +12,23 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Mapping
 
 from quickdraft import __version__
 from quickdraft.server.admission import Admission
 from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.engine import hardware_description, vllm_version
 from quickdraft.server.engine_manager import EngineManager
-from quickdraft.server.requests import RequestError, prepare
+from quickdraft.server.errors import RequestError
+from quickdraft.server.preparation import prepare
+from quickdraft.server.speculative import SpecConfig
 from quickdraft.server.telemetry import RequestRecord, Telemetry
 from quickdraft.v1 import completion_pb2 as pb
 
 log = logging.getLogger("quickdraft.requests")
 
-FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORTED}
+# vLLM's finish reasons, which are also OpenAI's names for them.
+FINISH_REASONS = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORTED}
 
 
 @dataclass
@@ -57,16 +60,28 @@ class Timing:
         return (self.last - self.first) / (self.tokens - 1)
 
 
-def speculative_stats(metrics, mode) -> pb.SpeculativeStats:
-    """Per-request figures from vLLM's per-request histogram (accepted drafts per verify step)."""
-    stats = pb.SpeculativeStats(enabled=mode.enabled, parallel_drafting=mode.parallel, num_speculative_tokens=mode.k)
-    if metrics is None or not mode.enabled:
+def speculative_stats(metrics, spec: SpecConfig, switched_to: SpecConfig | None = None, switches: int = 0) -> pb.SpeculativeStats:
+    """Per-request figures from vLLM's per-request histogram (accepted drafts
+    per verify step). ``spec`` is the setting the request started with;
+    ``switches`` live switches during the request left it on ``switched_to``."""
+    enabled = spec.enabled or (switched_to is not None and switched_to.enabled)
+    k = max(spec.k, switched_to.k if switched_to is not None else 0)
+    stats = pb.SpeculativeStats(enabled=enabled, parallel_drafting=spec.parallel, num_speculative_tokens=spec.k,
+                                config=spec.label(), live_switches=switches)
+    if switches and switched_to is not None:
+        stats.config_at_end = switched_to.label()
+    if metrics is None or not enabled:
         return stats
     hist = list(metrics.histogram)
     stats.num_drafts = sum(hist)
     stats.num_draft_tokens = metrics.num_draft_tokens
     stats.num_accepted_tokens = sum(j * c for j, c in enumerate(hist))
-    stats.accepted_per_position.extend(sum(hist[p:]) for p in range(1, len(hist)))
+    positions = [sum(hist[p:]) for p in range(1, len(hist))]
+    # A live engine's histogram is as long as its largest K: past the K the
+    # request ran with, only positions a switch during the request drafted are reported.
+    while len(positions) > k and not positions[-1]:
+        positions.pop()
+    stats.accepted_per_position.extend(positions)
     if stats.num_drafts:
         stats.mean_acceptance_length = 1.0 + stats.num_accepted_tokens / stats.num_drafts
     return stats
@@ -93,16 +108,34 @@ class CompletionService:
         self.telemetry = telemetry
         self.admission = admission or Admission(cfg.limits.max_concurrent_streams, cfg.limits.max_streams_per_client)
         self.observers = Observers()
-        self.active: dict[str, asyncio.Task] = {}
 
-    async def complete(self, req: pb.CompleteRequest, client: str = "anonymous", trace_context=None) -> AsyncIterator[pb.CompleteResponse]:
+    def stop_accepting(self) -> None:
+        """Shutdown: new streams are refused (UNAVAILABLE); open ones run on."""
+        self.admission.accepting = False
+
+    def health(self) -> tuple[bool, str]:
+        """(serving, state): serving while the engine serves and new streams are
+        accepted; otherwise the state says why not (starting, restarting, draining, ...)."""
+        if not self.admission.accepting:
+            return False, "draining"  # the engine still serves the last streams
+        return self.engines.serving, self.engines.state
+
+    def refused(self, code: str) -> None:
+        """Count a request a front end refused before it reached complete()
+        (unparsable, unauthenticated, unsupported), with the service's own refusals."""
+        self.telemetry.reject(code)
+
+    async def complete(self, req: pb.CompleteRequest, client: str = "anonymous", headers: Mapping[str, str] | None = None) -> AsyncIterator[pb.CompleteResponse]:
         """Stream one completion: text deltas, then a final message.
 
+        ``client`` is the per-client limits key; ``headers`` the call's gRPC
+        metadata or HTTP headers, whose W3C trace context parents the request's span.
         Raises RequestError before the first message for refused requests; a
         cancelled caller (task cancellation or generator close) aborts the
         engine request at once.
         """
         timing = Timing(arrival=time.perf_counter())
+        trace_context = self.telemetry.trace_context(headers or {})
         try:
             with self.admission.admit(client):
                 async with self.engines.lease() as engine:
@@ -119,6 +152,7 @@ class CompletionService:
     async def _stream(self, engine, prepared, timing: Timing, trace_context) -> AsyncIterator[pb.CompleteResponse]:
         engine_id = f"{prepared.request_id}-{uuid.uuid4().hex[:8]}"
         sampling = prepared.sampling.to_vllm(engine.stop_token_ids)
+        started_spec, started_switches = engine.spec, engine.switches  # a live switch may change them mid-request
         finish = "cancelled"
         spec_metrics = None
         finished = False
@@ -152,9 +186,9 @@ class CompletionService:
                     raise RequestError("UNAVAILABLE", "the engine stopped while generating; retry (the server restarts it)") from e
                 log.exception("request %s failed", prepared.request_id)
                 raise RequestError("INTERNAL", f"generation failed: {type(e).__name__}") from e
-            spec = speculative_stats(spec_metrics, engine.mode)
+            spec = speculative_stats(spec_metrics, started_spec, engine.spec, engine.switches - started_switches)
             final = pb.CompleteFinal(
-                finish_reason=FINISH.get(finish, pb.FINISH_REASON_UNSPECIFIED),
+                finish_reason=FINISH_REASONS.get(finish, pb.FINISH_REASON_UNSPECIFIED),
                 prompt_tokens=prepared.prompt_tokens,
                 completion_tokens=timing.tokens,
                 ttft_ms=(timing.ttft or 0.0) * 1000,
@@ -171,7 +205,7 @@ class CompletionService:
                     await asyncio.shield(engine.abort(engine_id))
                 except BaseException:  # noqa: BLE001
                     pass
-            spec = speculative_stats(spec_metrics, engine.mode)
+            spec = speculative_stats(spec_metrics, started_spec, engine.spec, engine.switches - started_switches)
             record = RequestRecord(
                 latency_class=prepared.latency_class,
                 ttft_s=timing.ttft,
@@ -180,7 +214,7 @@ class CompletionService:
                 prompt_tokens=prepared.prompt_tokens,
                 completion_tokens=timing.tokens,
                 finish=finish,
-                spec_label=engine.mode.label(),
+                spec_label=started_spec.label(),
                 accepted_per_position=list(spec.accepted_per_position),
                 num_drafts=spec.num_drafts,
                 running_at_first_token=timing.running_at_first,
@@ -195,22 +229,28 @@ class CompletionService:
             log.info(
                 "request %s class=%s prompt_tokens=%d chars=%d sha=%s completion_tokens=%d ttft_ms=%s tpot_ms=%s finish=%s spec=%s accepted=%d/%d",
                 prepared.request_id, prepared.latency_class, prepared.prompt_tokens, prepared.prompt_chars, prepared.prompt_sha,
-                timing.tokens, _ms(timing.ttft), _ms(timing.tpot), finish, engine.mode.label(), spec.num_accepted_tokens, spec.num_draft_tokens,
+                timing.tokens, _ms(timing.ttft), _ms(timing.tpot), finish, started_spec.label(), spec.num_accepted_tokens, spec.num_draft_tokens,
             )
 
     def server_info(self) -> pb.ServerInfo:
         cfg = self.cfg
         engine = self.engines.engine
-        mode = engine.mode if engine else None
-        spec = pb.SpeculativeConfig()
-        if mode and mode.enabled:
+        spec = pb.SpeculativeConfig(label="off")
+        if engine is not None:
+            running = engine.spec
             spec = pb.SpeculativeConfig(
-                method="eagle3",
-                drafter=cfg.drafter_path(mode.parallel) or "",
-                num_speculative_tokens=mode.k,
-                parallel_drafting=mode.parallel,
-                per_batch_size=[pb.BatchSizeK(min_batch_size=a, max_batch_size=b, num_speculative_tokens=k) for a, b, k in (mode.per_batch_size or ())],
+                label=running.label(),
+                live=engine.live,
+                live_max_num_speculative_tokens=engine.max_k if engine.live else 0,
+                live_switches=engine.switches,
             )
+            if running.enabled:
+                spec.method = "eagle3"
+                spec.drafter = engine.drafter or ""
+                spec.num_speculative_tokens = running.k
+                spec.parallel_drafting = running.parallel
+                spec.per_batch_size.extend(pb.BatchSizeK(min_batch_size=a, max_batch_size=b, num_speculative_tokens=k)
+                                           for a, b, k in running.per_batch_size)
         lim = cfg.limits
         return pb.ServerInfo(
             server_version=__version__,

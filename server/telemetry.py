@@ -2,7 +2,8 @@
 
 Metrics go to a Prometheus scrape endpoint on their own port; the same
 endpoint serves vLLM's own metrics (vLLM registers them in prometheus_client's
-default registry). Trace context arrives in gRPC metadata (W3C traceparent).
+default registry). Trace context arrives in gRPC metadata or HTTP headers
+(W3C traceparent).
 Neither metric labels nor span attributes ever carry source code: only sizes,
 counts and the latency class, unless telemetry.log_source_code is on.
 """
@@ -13,7 +14,6 @@ import logging
 from dataclasses import dataclass
 from typing import Mapping
 
-from opentelemetry import metrics, trace
 from opentelemetry.propagate import extract
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
@@ -107,9 +107,9 @@ class Telemetry:
     def reject(self, code: str, latency_class: str = "unknown") -> None:
         self.rejected.add(1, {**self._base, "rpc.grpc.status_code": code, "quickdraft.latency_class": latency_class})
 
-    def trace_context(self, metadata: Mapping[str, str]):
-        """The caller's span context from W3C headers in gRPC metadata."""
-        return extract(dict(metadata))
+    def trace_context(self, headers: Mapping[str, str]):
+        """The caller's span context from W3C headers (gRPC metadata or HTTP headers)."""
+        return extract(dict(headers))
 
     def shutdown(self) -> None:
         self.tracer_provider.shutdown()

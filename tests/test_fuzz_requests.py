@@ -1,5 +1,6 @@
-"""Property-based fuzzing of request validation (server/requests.py) with the
-embedded model's real tokenizer; no engine.
+"""Property-based fuzzing of request validation and preparation
+(server/request_validation.py, server/preparation.py) with the embedded
+model's real tokenizer; no engine.
 
 The contract: every CompleteRequest either prepares into engine input that
 vLLM accepts, or is refused with RequestError("INVALID_ARGUMENT") whose
@@ -26,8 +27,10 @@ from quickdraft.prompt_format import SPECIAL_TOKENS, CodeContext, segments
 from quickdraft.server.config import load_config
 from quickdraft.server.grpc_server import _BadRequest, _parse
 from quickdraft.server.presets import embedded_dir
-from quickdraft.server.prompt_tokens import PromptTokenizer
-from quickdraft.server.requests import MAX_REQUEST_ID, PreparedRequest, RequestError, check, prepare, tokenize
+from quickdraft.server.errors import RequestError
+from quickdraft.server.preparation import PreparedRequest, prepare
+from quickdraft.server.prompt_tokens import PromptTokenizer, tokenize
+from quickdraft.server.request_validation import MAX_REQUEST_ID, check
 from quickdraft.v1 import completion_pb2 as pb
 
 CFG = load_config(env={})

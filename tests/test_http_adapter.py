@@ -1,7 +1,7 @@
-"""The OpenAI-compatible HTTP adapter (server/http_api.py) over the real
+"""The OpenAI-compatible HTTP API (server/openai/) over the real
 CompletionService with a fake engine: request translation, response shapes,
 errors, auth, admission and aborts when the client goes away. No vLLM engine;
-the only network is loopback."""
+the only network is loopback, and the serving objects are also driven without it."""
 
 from __future__ import annotations
 
@@ -16,18 +16,23 @@ import pytest
 from transformers import AutoTokenizer
 
 from quickdraft.server.config import load_config
-from quickdraft.server.engine import EngineSnapshot, SpecMode
+from quickdraft.server.engine import EngineSnapshot
 from quickdraft.server.engine_manager import EngineManager
-from quickdraft.server.http_api import HttpServer, chat_call, completion_call
+from quickdraft.server.frontend import Auth
+from quickdraft.server.openai.api_router import build_app
+from quickdraft.server.openai.http_server import HttpServer
+from quickdraft.server.openai.protocol import ApiError, chat_call, completion_call
+from quickdraft.server.openai.serving import OpenAIServing
 from quickdraft.server.presets import embedded_dir
 from quickdraft.server.prompt_tokens import PromptTokenizer
 from quickdraft.server.service import CompletionService
+from quickdraft.server.speculative import SpecConfig
 from quickdraft.server.telemetry import Telemetry
 
 TOKENIZER = AutoTokenizer.from_pretrained(str(embedded_dir() / "target"))
 PROMPT_TOKENS = PromptTokenizer(TOKENIZER)
 VOCAB = TOKENIZER.get_vocab()
-MODE = SpecMode(enabled=True, parallel=True, k=5)
+SPEC = SpecConfig(True, 5)
 
 
 @dataclass
@@ -37,7 +42,9 @@ class FakeEngine:
     steps: list[tuple[str, int]] = field(default_factory=lambda: [("def", 1), (" f(", 3), ("):", 2)])
     delay: float = 0.0
     fail_after: int | None = None
-    mode: SpecMode = MODE
+    spec: SpecConfig = SPEC
+    live: bool = False
+    switches: int = 0
     dead: bool = False
     tokenizer: object = TOKENIZER
     prompt_tokens: PromptTokenizer = PROMPT_TOKENS
@@ -66,6 +73,9 @@ class FakeEngine:
         self.aborted.append(request_id)
         self.unfinished.discard(request_id)
 
+    def can_switch_to(self, spec: SpecConfig) -> bool:
+        return spec == self.spec
+
     def shutdown(self):
         self.dead = True
 
@@ -73,6 +83,7 @@ class FakeEngine:
 @dataclass
 class Api:
     http: HttpServer
+    serving: OpenAIServing
     engine: FakeEngine
     service: CompletionService
     manager: EngineManager
@@ -104,16 +115,17 @@ async def start_api(engine: FakeEngine | None = None, start_engine: bool = True,
         setattr(getattr(cfg, section), key, value)
     engine = engine or FakeEngine()
 
-    async def factory(cfg, mode):
+    async def factory(cfg, spec, live=False):
         return engine
 
     manager = EngineManager(cfg, engine_factory=factory)
     service = CompletionService(cfg, manager, Telemetry("embedded"))
     if start_engine:
-        await manager.start(MODE)
-    http = HttpServer(cfg, service)
+        await manager.start(SPEC)
+    serving = OpenAIServing(cfg, service, Auth.from_config(cfg))
+    http = HttpServer(cfg, build_app(serving))
     await http.start()
-    return Api(http, engine, service, manager)
+    return Api(http, serving, engine, service, manager)
 
 
 async def stop_api(api: Api) -> None:
@@ -229,7 +241,7 @@ async def test_health_is_503_until_the_engine_serves():
         with pytest.raises(openai.InternalServerError) as err:
             await a.client().completions.create(model="embedded", prompt="x")
         assert err.value.status_code == 503 and err.value.code == "UNAVAILABLE"
-        await a.manager.start(MODE)
+        await a.manager.start(SPEC)
         assert (await a.raw("GET", "/health"))[0] == 200
     finally:
         await stop_api(a)
@@ -313,7 +325,7 @@ async def test_malformed_bodies_and_unknown_paths_have_the_openai_shape(api):
         assert got == status, (path, payload)
         assert set(payload["error"]) == {"message", "type", "param", "code"}
     # Refused on its Content-Length, before the body is read.
-    got, payload = await api.raw("POST", "/v1/completions", None, {"Content-Length": str(api.http.api.max_body + 1)})
+    got, payload = await api.raw("POST", "/v1/completions", None, {"Content-Length": str(api.serving.max_body + 1)})
     assert got == 413 and "max_request_bytes" in payload["error"]["message"]
 
 
@@ -404,16 +416,43 @@ async def test_taken_port_is_a_clear_error():
         cfg = load_config(env={})
         cfg.http.port = s.getsockname()[1]
         with pytest.raises(OSError, match="http.port"):
-            await HttpServer(cfg, service=None).start()  # type: ignore[arg-type]
+            await HttpServer(cfg, app=None).start()  # type: ignore[arg-type]
 
 
 def test_made_up_tokens_do_not_escape_the_per_client_limit_without_auth():
-    from types import SimpleNamespace
+    from quickdraft.server.frontend import http_peer_host
 
-    from quickdraft.server.http_api import client_identity
+    peer = http_peer_host("127.0.0.1")
+    without, with_auth = Auth(None), Auth("s3cret")
+    assert without.client_identity("Bearer a", peer) == without.client_identity("Bearer b", peer) == "ipv4:127.0.0.1"
+    assert with_auth.client_identity("Bearer a", peer) != with_auth.client_identity("Bearer b", peer)
+    assert http_peer_host("::1") == "ipv6:[::1]", "written as gRPC writes peers: one client on both protocols"
 
-    def req(auth):
-        return SimpleNamespace(headers={"authorization": auth}, client=SimpleNamespace(host="127.0.0.1"))
 
-    assert client_identity(req("Bearer a"), token_auth=False) == client_identity(req("Bearer b"), token_auth=False) == "ipv4:127.0.0.1"
-    assert client_identity(req("Bearer a"), token_auth=True) != client_identity(req("Bearer b"), token_auth=True)
+# --- serving without a network ---------------------------------------------------------------
+
+
+async def test_serving_runs_a_request_without_a_network():
+    cfg = load_config(env={})
+    engine = FakeEngine()
+
+    async def factory(cfg, spec, live=False):
+        return engine
+
+    manager = EngineManager(cfg, engine_factory=factory)
+    serving = OpenAIServing(cfg, CompletionService(cfg, manager, Telemetry("embedded")), Auth(None))
+    await manager.start(SPEC)
+    try:
+        call = serving.parse(b'{"model": "embedded", "prompt": "x = ", "max_tokens": 4}', completion_call, "rid-1")
+        body = await serving.start(call, {}, "127.0.0.1").body()
+        assert body["id"] == "cmpl-rid-1" and body["choices"][0]["text"] == "def f():"
+        chat = serving.parse(b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 100000}', chat_call, None)
+        with pytest.raises(ApiError) as err:
+            await serving.start(chat, {}, None).body()
+        # The service's field (max_tokens) is named as the parameter the client sent.
+        assert err.value.param == "max_completion_tokens" and err.value.message.startswith("max_completion_tokens: ")
+        assert serving.health({}) == (200, {"status": "serving"})
+        serving.service.stop_accepting()
+        assert serving.health({}) == (503, {"status": "draining"})
+    finally:
+        await manager.stop()

@@ -1,4 +1,4 @@
-"""Request checks and prompt tokenization (real tokenizer, no engine)."""
+"""Request validation, preparation and the prompt step (real tokenizer, no engine)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from transformers import AutoTokenizer
 from quickdraft.prompt_format import CodeContext, render
 from quickdraft.server.config import load_config
 from quickdraft.server.presets import embedded_dir
-from quickdraft.server.prompt_tokens import PromptTokenizer
-from quickdraft.server.requests import RequestError, prepare, tokenize
+from quickdraft.server.errors import RequestError
+from quickdraft.server.preparation import prepare
+from quickdraft.server.prompt_tokens import PromptTokenizer, tokenize
 from quickdraft.v1 import completion_pb2 as pb
 
 
@@ -100,7 +101,7 @@ def test_prepare_defaults_and_clamps(tok, tokens, cfg):
 def test_bad_requests_name_the_field(tok, tokens, cfg, req, fragment):
     with pytest.raises(RequestError) as err:
         prepare(req, cfg, tokens)
-    assert err.value.code == "INVALID_ARGUMENT" and err.value.http_status == 400
+    assert err.value.code == "INVALID_ARGUMENT"
     assert fragment in err.value.message
 
 

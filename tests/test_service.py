@@ -11,12 +11,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from quickdraft.server.config import load_config
-from quickdraft.server.engine import EngineSnapshot, SpecMode
+from quickdraft.server.engine import EngineSnapshot
 from quickdraft.server.engine_manager import EngineManager
+from quickdraft.server.errors import RequestError
 from quickdraft.server.presets import embedded_dir
 from quickdraft.server.prompt_tokens import PromptTokenizer
-from quickdraft.server.requests import RequestError
 from quickdraft.server.service import CompletionService, Timing, speculative_stats
+from quickdraft.server.speculative import SpecConfig
 from quickdraft.server.telemetry import Telemetry
 from quickdraft.v1 import completion_pb2 as pb
 
@@ -26,7 +27,12 @@ PROMPT_TOKENS = PromptTokenizer(TOKENIZER)
 
 @dataclass
 class FakeEngine:
-    mode: SpecMode
+    """Streams ``steps``; ``live`` like a live vLLM engine of the embedded
+    preset: K, the schedule and off switch in place, the drafting mode does
+    not (the preset ships one drafter per mode)."""
+
+    spec: SpecConfig
+    live: bool = False
     steps: list[tuple[str, int]] = field(default_factory=lambda: [("def", 1), (" f(", 3), ("):", 2)])
     histogram: list[int] = field(default_factory=lambda: [1, 0, 1, 0, 0, 0])
     delay: float = 0.0
@@ -37,6 +43,25 @@ class FakeEngine:
     prompt_tokens: PromptTokenizer = PROMPT_TOKENS
     stop_token_ids: list[int] = field(default_factory=lambda: [0])
     snapshot: EngineSnapshot = field(default_factory=EngineSnapshot)
+    switches: int = 0
+    max_k: int = 7
+    drafter: str | None = None
+
+    def can_switch_to(self, spec: SpecConfig) -> bool:
+        if not self.live:
+            return spec == self.spec
+        return spec.k <= self.max_k and (not spec.enabled or not self.spec.enabled or spec.parallel == self.spec.parallel)
+
+    async def switch(self, spec: SpecConfig) -> float:
+        if not self.can_switch_to(spec):
+            raise ValueError(f"cannot switch {self.spec.label()} to {spec.label()} live")
+        if spec != self.spec:
+            self.switches += 1
+        self.spec = spec
+        return 0.001
+
+    def describe(self) -> str:
+        return self.spec.label()
 
     async def generate(self, request_id, prompt_ids, sampling):
         self.unfinished.add(request_id)
@@ -44,7 +69,7 @@ class FakeEngine:
             for i, (text, n) in enumerate(self.steps):
                 await asyncio.sleep(self.delay)
                 last = i == len(self.steps) - 1
-                metrics = SimpleNamespace(histogram=self.histogram, num_draft_tokens=sum(self.histogram) * self.mode.k) if last else None
+                metrics = SimpleNamespace(histogram=self.histogram, num_draft_tokens=sum(self.histogram) * self.spec.k) if last else None
                 out = SimpleNamespace(text=text, token_ids=list(range(n)), finish_reason="length" if last else None, spec_decode_metrics=metrics)
                 yield SimpleNamespace(outputs=[out])
             self.unfinished.discard(request_id)
@@ -76,12 +101,12 @@ def test_timing_and_speculative_figures():
     async def run():
         engines = []
 
-        async def factory(cfg, mode):
-            engines.append(FakeEngine(mode))
+        async def factory(cfg, mode, live=False):
+            engines.append(FakeEngine(mode, live))
             return engines[-1]
 
         cfg, manager, service = make_service(factory)
-        await manager.start(SpecMode(enabled=True, parallel=True, k=5))
+        await manager.start(SpecConfig(True, 5))
         msgs = await collect(service, pb.CompleteRequest(prefix="x = "))
         await manager.stop()
         return msgs
@@ -101,13 +126,13 @@ def test_the_record_carries_the_load_at_the_first_token():
     """The controller files TTFT under the load its first token met; the engine
     runs 5 requests then, and 1 by the time this one ends."""
     async def run():
-        engine = FakeEngine(SpecMode(enabled=True, parallel=True, k=5), delay=0.01)
+        engine = FakeEngine(SpecConfig(True, 5), delay=0.01)
 
-        async def factory(cfg, mode):
+        async def factory(cfg, mode, live=False):
             return engine
 
         cfg, manager, service = make_service(factory)
-        await manager.start(SpecMode(enabled=True, parallel=True, k=5))
+        await manager.start(SpecConfig(True, 5))
         records = []
         service.observers.callbacks.append(lambda record, spec: records.append(record))
         engine.snapshot.running = 5
@@ -132,20 +157,30 @@ def test_timing_definitions():
     assert Timing(arrival=0).tpot is None
 
 
+def test_a_live_engines_longer_histogram_reports_the_k_it_runs():
+    """A live engine's histogram has a slot per position up to its largest K."""
+    running_k5 = SpecConfig(True, 5)
+    stats = speculative_stats(SimpleNamespace(histogram=[1, 1, 1, 0, 0, 1, 0, 0], num_draft_tokens=20), running_k5)
+    assert list(stats.accepted_per_position) == [3, 2, 1, 1, 1]
+    # Switched down from K=7 during the request: the positions it drafted then still count.
+    stats = speculative_stats(SimpleNamespace(histogram=[1, 0, 0, 0, 0, 0, 0, 1], num_draft_tokens=12), running_k5)
+    assert list(stats.accepted_per_position) == [1] * 7
+
+
 def test_speculation_off_reports_disabled():
-    stats = speculative_stats(None, SpecMode.off())
+    stats = speculative_stats(None, SpecConfig.off())
     assert not stats.enabled and stats.num_drafts == 0
 
 
 def test_cancel_aborts_the_engine_request():
     async def run():
-        eng = FakeEngine(SpecMode(enabled=True, parallel=True, k=5), delay=0.05, steps=[("a", 1)] * 50)
+        eng = FakeEngine(SpecConfig(True, 5), delay=0.05, steps=[("a", 1)] * 50)
 
-        async def factory(cfg, mode):
+        async def factory(cfg, mode, live=False):
             return eng
 
         cfg, manager, service = make_service(factory)
-        await manager.start(eng.mode)
+        await manager.start(eng.spec)
 
         async def consume():
             async for _ in service.complete(pb.CompleteRequest(prefix="x")):
@@ -167,15 +202,15 @@ def test_switch_keeps_in_flight_requests_and_routes_new_ones():
     async def run():
         made = []
 
-        async def factory(cfg, mode):
-            made.append(FakeEngine(mode, delay=0.02, steps=[("a", 1)] * 10))
+        async def factory(cfg, mode, live=False):
+            made.append(FakeEngine(mode, live, delay=0.02, steps=[("a", 1)] * 10))
             return made[-1]
 
         cfg, manager, service = make_service(factory)
-        await manager.start(SpecMode(enabled=True, parallel=True, k=5))
+        await manager.start(SpecConfig(True, 5))
         old_stream = asyncio.create_task(collect(service, pb.CompleteRequest(prefix="x")))
         await asyncio.sleep(0.05)
-        assert await manager.switch(SpecMode(enabled=True, parallel=False, k=3), "test")
+        assert await manager.switch(SpecConfig(False, 3), "test")
         new_msgs = await collect(service, pb.CompleteRequest(prefix="y"))
         old_msgs = await old_stream
         await asyncio.sleep(0.05)
@@ -189,19 +224,48 @@ def test_switch_keeps_in_flight_requests_and_routes_new_ones():
     assert manager.stats.rebuilds == 1
 
 
+def test_a_live_switch_mid_request_is_reported_and_builds_nothing():
+    async def run():
+        made = []
+
+        async def factory(cfg, spec, live=False):
+            made.append(FakeEngine(spec, live, delay=0.02, steps=[("a", 1)] * 10))
+            return made[-1]
+
+        cfg, manager, service = make_service(factory)
+        await manager.start(SpecConfig(True, 5))
+        spanning = asyncio.create_task(collect(service, pb.CompleteRequest(prefix="x")))
+        await asyncio.sleep(0.05)
+        assert await manager.switch(SpecConfig(True, 7), "test")
+        after = await collect(service, pb.CompleteRequest(prefix="y"))
+        during = await spanning
+        info = service.server_info()
+        await manager.stop()
+        return made, during, after, manager, info
+
+    made, during, after, manager, info = asyncio.run(run())
+    assert len(made) == 1 and made[0].live
+    assert manager.stats.live_switches == 1 and manager.stats.rebuilds == 0
+    spanned = during[-1].final.speculative
+    assert (spanned.config, spanned.live_switches, spanned.config_at_end) == ("parallel K=5", 1, "parallel K=7")
+    clean = after[-1].final.speculative
+    assert (clean.config, clean.live_switches, clean.config_at_end) == ("parallel K=7", 0, "")
+    assert info.speculative.label == "parallel K=7" and info.speculative.live and info.speculative.live_switches == 1
+
+
 def test_failed_switch_keeps_the_old_engine():
     async def run():
         calls = []
 
-        async def factory(cfg, mode):
+        async def factory(cfg, mode, live=False):
             calls.append(mode)
             if len(calls) == 2:
                 raise RuntimeError("out of memory")
-            return FakeEngine(mode)
+            return FakeEngine(mode, live)
 
         cfg, manager, service = make_service(factory)
-        await manager.start(SpecMode(enabled=True, parallel=True, k=5))
-        ok = await manager.switch(SpecMode(enabled=True, parallel=True, k=7))
+        await manager.start(SpecConfig(True, 5))
+        ok = await manager.switch(SpecConfig(False, 3))  # another drafter: a new engine
         msgs = await collect(service, pb.CompleteRequest(prefix="x"))
         await manager.stop()
         return ok, msgs, manager
@@ -213,15 +277,15 @@ def test_failed_switch_keeps_the_old_engine():
 
 def test_admission_limits_and_unavailable_engine():
     async def run():
-        eng = FakeEngine(SpecMode(enabled=True, parallel=True, k=5), delay=0.05, steps=[("a", 1)] * 20)
+        eng = FakeEngine(SpecConfig(True, 5), delay=0.05, steps=[("a", 1)] * 20)
 
-        async def factory(cfg, mode):
+        async def factory(cfg, mode, live=False):
             return eng
 
         cfg, manager, service = make_service(factory)
         with pytest.raises(RequestError, match="engine is starting"):
             await collect(service, pb.CompleteRequest(prefix="x"))
-        await manager.start(eng.mode)
+        await manager.start(eng.spec)
         service.admission.max_per_client = 1
         first = asyncio.create_task(collect(service, pb.CompleteRequest(prefix="x"), client="alice"))
         await asyncio.sleep(0.02)
@@ -241,13 +305,13 @@ def test_closing_the_stream_aborts_at_once():
     """aclose() on complete() must reach the engine now, not at garbage collection."""
 
     async def run():
-        eng = FakeEngine(SpecMode(enabled=True, parallel=True, k=5), delay=0.01, steps=[("a", 1)] * 50)
+        eng = FakeEngine(SpecConfig(True, 5), delay=0.01, steps=[("a", 1)] * 50)
 
-        async def factory(cfg, mode):
+        async def factory(cfg, mode, live=False):
             return eng
 
         cfg, manager, service = make_service(factory)
-        await manager.start(eng.mode)
+        await manager.start(eng.spec)
         gen = service.complete(pb.CompleteRequest(prefix="x"))
         await gen.__anext__()
         await gen.aclose()
@@ -275,14 +339,14 @@ async def test_controller_state_without_a_controller_reports_the_static_config(c
     assert state.active.num_speculative_tokens == 5 and state.active.parallel_drafting
 
 
-def test_fallback_mode_after_a_crash_loop():
-    from quickdraft.server.engine_manager import fallback_mode
+def test_fallback_spec_after_a_crash_loop():
+    from quickdraft.server.engine_manager import fallback_spec
 
-    configured = SpecMode(True, True, 5)
-    scheduled = SpecMode(True, True, 5, ((1, 2, 5), (3, 16, 1)))
-    assert fallback_mode(scheduled, configured) == configured
-    assert fallback_mode(SpecMode(True, True, 5, ((1, 2, 5), (3, 16, 1))), scheduled) == SpecMode(True, True, 5)
-    assert fallback_mode(configured, configured) == SpecMode.off()
+    configured = SpecConfig(True, 5)
+    scheduled = SpecConfig.scheduled(True, [(1, 2, 5), (3, 16, 1)])
+    assert fallback_spec(scheduled, configured) == configured
+    assert fallback_spec(scheduled, scheduled) == SpecConfig(True, 5)
+    assert fallback_spec(configured, configured) == SpecConfig.off()
 
 
 async def test_an_engine_that_keeps_dying_young_is_restarted_with_another_config():
@@ -290,16 +354,16 @@ async def test_an_engine_that_keeps_dying_young_is_restarted_with_another_config
     configured static config (here P-EAGLE K=5) instead of the crashing one."""
     import time as _time
 
-    started: list[SpecMode] = []
+    started: list[SpecConfig] = []
 
-    async def factory(cfg, mode):
+    async def factory(cfg, mode, live=False):
         started.append(mode)
-        e = FakeEngine(mode)
+        e = FakeEngine(mode, live)
         e.started_at = _time.time()
         return e
 
     cfg, manager, _ = make_service(factory)
-    crashing = SpecMode(True, True, 5, ((1, 2, 5), (3, 16, 1)))
+    crashing = SpecConfig.scheduled(True, [(1, 2, 5), (3, 16, 1)])
     await manager.start(crashing)
     for _ in range(2):
         manager.engine.dead = True
@@ -307,6 +371,6 @@ async def test_an_engine_that_keeps_dying_young_is_restarted_with_another_config
             await asyncio.sleep(0.05)
             if not manager.engine.dead and manager.state == "serving":
                 break
-    assert started == [crashing, crashing, SpecMode.from_config(cfg)]
+    assert started == [crashing, crashing, cfg.spec_config()]
     assert manager.stats.fallbacks == 1 and manager.stats.restarts == 2
     await manager.stop()

@@ -33,11 +33,10 @@ TARGET = "quickdraft/models/embedded/target"
 
 
 def server_tokenizer(target_dir: str):
-    """Request -> token ids exactly as the server computes them (server/requests.py ``tokenize``)."""
+    """Request -> token ids exactly as the server computes them (server/prompt_tokens.py ``tokenize``)."""
     from transformers import AutoTokenizer
 
-    from quickdraft.server.prompt_tokens import PromptTokenizer
-    from quickdraft.server.requests import tokenize
+    from quickdraft.server.prompt_tokens import PromptTokenizer, tokenize
 
     tokens = PromptTokenizer(AutoTokenizer.from_pretrained(target_dir))
     return lambda request: tokenize(tokens, request, "qwen-fim")

@@ -35,7 +35,7 @@ import sys
 import time
 
 from quickdraft.bench.grpc_overhead import direct, requests_for, start_server
-from quickdraft.bench.speculation import load_prompts
+from quickdraft.bench.workload import load_prompts
 
 MAX_TOKENS = 48
 STEPS = [("call", "parsed"), ("parsed", "entry"), ("entry", "tokenize_start"), ("tokenize_start", "tokenize_end"),
@@ -61,7 +61,7 @@ def client_main(target: str, n: int) -> None:
 
 def stamp_server(stamps: dict, current: dict) -> None:
     """Wrap the server's steps so each request leaves its stamps in ``stamps[request_id]``."""
-    from quickdraft.server import engine as engine_mod, grpc_server, requests as requests_mod
+    from quickdraft.server import engine as engine_mod, grpc_server, preparation as requests_mod
 
     parse = grpc_server._parse
 
@@ -115,7 +115,8 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 45
     from quickdraft.prompt_format import CodeContext, render
     from quickdraft.server.config import load_config
-    from quickdraft.server.requests import Sampling, tokenize
+    from quickdraft.server.preparation import Sampling
+    from quickdraft.server.prompt_tokens import tokenize
 
     stamps: dict = {}
     stamp_server(stamps, {})

@@ -28,10 +28,10 @@ import statistics
 import sys
 import time
 
-from quickdraft.bench.speculation import load_prompts
+from quickdraft.bench.tune import EngineMeasure
+from quickdraft.bench.workload import load_prompts
 from quickdraft.server.config import load_config
-from quickdraft.server.engine import SpecMode
-from quickdraft.server.tune import EngineMeasure
+from quickdraft.server.speculative import SpecConfig
 
 # (label, seconds idle before, which 24 prompts): set A, then new prompts on the warm engine, then A again.
 STEPS = [("fresh, prompts A", 0, 0), ("again, A", 0, 0), ("after 120 s idle, A", 120, 0), ("after 10 s idle, A", 10, 0), ("again, A", 0, 0),
@@ -49,7 +49,7 @@ def main() -> None:
                 continue
             time.sleep(idle)
             m.prompts = prompts[24 * part : 24 * (part + 1)]
-            obs = m.measure_mode(SpecMode.off(), 8)
+            obs = m(SpecConfig.off(), 8)
             tpot = [o.tpot_s * 1000 for o in obs]
             ttft = [o.ttft_s * 1000 for o in obs]
             print(f"{label:22s} TPOT median {statistics.median(tpot):6.2f} ms (first 8: {statistics.median(tpot[:8]):6.2f}), "

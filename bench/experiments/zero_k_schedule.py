@@ -9,15 +9,15 @@ docs/vllm-notes.md: no, 1.52x off's TPOT at 8 streams.
 """
 import statistics
 
-from quickdraft.bench.speculation import load_prompts
+from quickdraft.bench.tune import EngineMeasure
+from quickdraft.bench.workload import load_prompts
 from quickdraft.server.config import load_config
-from quickdraft.server.engine import SpecMode
-from quickdraft.server.tune import EngineMeasure
+from quickdraft.server.speculative import SpecConfig
 
-MODES = {
-    "off": SpecMode.off(),
-    "ar3": SpecMode(True, False, 3),
-    "ar3+K0@3+": SpecMode(True, False, 3, ((1, 2, 3), (3, 16, 0))),
+SETTINGS = {
+    "off": SpecConfig.off(),
+    "ar3": SpecConfig(False, 3),
+    "ar3+K0@3+": SpecConfig.scheduled(False, ((1, 2, 3), (3, 16, 0))),
 }
 
 
@@ -27,9 +27,9 @@ def main() -> None:
     m = EngineMeasure(cfg, load_prompts(48), 24, 48)
     out = {}
     try:
-        for label, mode in MODES.items():
+        for label, spec in SETTINGS.items():
             for c in (1, 8):
-                obs = m.measure_mode(mode, c)
+                obs = m(spec, c)
                 out[(label, c)] = statistics.median(o.tpot_s for o in obs) * 1000
                 print(label, c, f"{out[(label, c)]:.2f} ms", flush=True)
     finally:

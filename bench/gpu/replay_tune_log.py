@@ -2,8 +2,8 @@
 
     python -m quickdraft.bench.gpu.replay_tune_log LOG [LOG...] [--max-tokens 64] [--config TOML]
 
-For a run whose JSON and profile did not come back (the H200 run of
-2026-12-02 lost its machine before the sweep ended; docs/gpu-h200.md). The log
+For a tune run whose JSON and profile did not come back (a machine lost
+before the sweep ended). The log
 keeps one line per (config, concurrency) row: requests, median TPOT, TTFT p50
 and mean accepted length. Each row becomes that many observations with the
 row's TPOT and TTFT. Per-position acceptance is not in the log: the row's
@@ -20,9 +20,9 @@ import re
 import sys
 from pathlib import Path
 
-from quickdraft.server.config import load_config
-from quickdraft.server.controller import Controller, KSchedule, Observation, SpecConfig
-from quickdraft.server.controller.settings import ControllerSettings, ScheduleSettings, SLOSettings
+from quickdraft.server.config import ControllerSettings, ScheduleSettings, SLOSettings, load_config
+from quickdraft.server.controller import Controller, Observation
+from quickdraft.server.speculative import SpecConfig
 
 ROW = re.compile(
     r"^(?P<label>off|autoregressive K=\d+|parallel K=\d+) x(?P<c>\d+): (?P<n>\d+) requests, "
@@ -62,19 +62,15 @@ def observations(row: dict, max_tokens: int, rates: list[float]) -> list[Observa
 
 
 def replay(rows: list[dict], *, max_tokens: int, rates_ar: list[float], rates_parallel: list[float],
-           ttft_slo_s: dict[str, float], max_batch: int) -> dict[int, tuple[SpecConfig, KSchedule | None]]:
-    """The controller's pick (config, and schedule if any) per measured concurrency, from these rows only."""
+           ttft_slo_s: dict[str, float], max_batch: int) -> dict[int, SpecConfig]:
+    """The controller's pick (an engine setting, its K schedule included) per measured concurrency, from these rows only."""
     candidates = tuple(dict.fromkeys(r["config"] for r in rows))
     ctl = Controller(ControllerSettings(candidates=candidates, initial=candidates[0],
                                         slo=SLOSettings(ttft_s=dict(ttft_slo_s)), schedule=ScheduleSettings(max_batch=max_batch)))
     for row in rows:
         for o in observations(row, max_tokens, rates_parallel if row["config"].parallel else rates_ar):
             ctl.observe(o)
-    picks = {}
-    for c in sorted({r["concurrency"] for r in rows}):
-        cfg, sched, _ = ctl.recommend(c)
-        picks[c] = (cfg, sched)
-    return picks
+    return {c: ctl.recommend(c).engine for c in sorted({r["concurrency"] for r in rows})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,10 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['config'].label()} | {r['concurrency']} | {r['requests']} | {r['tpot_s'] * 1000:.2f} | {r['ttft_s'] * 1000:.1f} | {r['acceptance_length']:.2f} |")
     print("\ncontroller's pick per concurrency (measured configs only):")
-    for c, (pick, sched) in picks.items():
-        label = sched.label() if sched is not None else pick.label()
+    for c, pick in picks.items():
         best = min((r for r in rows if r["concurrency"] == c), key=lambda r: r["tpot_s"])
-        print(f"  concurrency {c}: {label}   (lowest measured TPOT: {best['config'].label()}, {best['tpot_s'] * 1000:.2f} ms)")
+        print(f"  concurrency {c}: {pick.label()}   (lowest measured TPOT: {best['config'].label()}, {best['tpot_s'] * 1000:.2f} ms)")
     return 0
 
 

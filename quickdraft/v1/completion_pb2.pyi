@@ -70,7 +70,7 @@ class CompleteRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prefix: _Optional[str] = ..., suffix: _Optional[str] = ..., context_files: _Optional[_Iterable[_Union[ContextFile, _Mapping]]] = ..., language_id: _Optional[str] = ..., file_path: _Optional[str] = ..., repo_name: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., latency_class: _Optional[_Union[LatencyClass, str]] = ..., raw_prompt: _Optional[bool] = ...) -> None: ...
 
 class SpeculativeStats(_message.Message):
-    __slots__ = ("enabled", "parallel_drafting", "num_speculative_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position", "mean_acceptance_length")
+    __slots__ = ("enabled", "parallel_drafting", "num_speculative_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position", "mean_acceptance_length", "config", "live_switches", "config_at_end")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_DRAFTING_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,9 @@ class SpeculativeStats(_message.Message):
     NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
     MEAN_ACCEPTANCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_AT_END_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     parallel_drafting: bool
     num_speculative_tokens: int
@@ -87,7 +90,10 @@ class SpeculativeStats(_message.Message):
     num_accepted_tokens: int
     accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
     mean_acceptance_length: float
-    def __init__(self, enabled: _Optional[bool] = ..., parallel_drafting: _Optional[bool] = ..., num_speculative_tokens: _Optional[int] = ..., num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., mean_acceptance_length: _Optional[float] = ...) -> None: ...
+    config: str
+    live_switches: int
+    config_at_end: str
+    def __init__(self, enabled: _Optional[bool] = ..., parallel_drafting: _Optional[bool] = ..., num_speculative_tokens: _Optional[int] = ..., num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., mean_acceptance_length: _Optional[float] = ..., config: _Optional[str] = ..., live_switches: _Optional[int] = ..., config_at_end: _Optional[str] = ...) -> None: ...
 
 class CompleteFinal(_message.Message):
     __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "speculative", "request_id")
@@ -122,18 +128,26 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SpeculativeConfig(_message.Message):
-    __slots__ = ("method", "drafter", "num_speculative_tokens", "parallel_drafting", "per_batch_size")
+    __slots__ = ("method", "drafter", "num_speculative_tokens", "parallel_drafting", "per_batch_size", "label", "live", "live_max_num_speculative_tokens", "live_switches")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_DRAFTING_FIELD_NUMBER: _ClassVar[int]
     PER_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    LIVE_MAX_NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SWITCHES_FIELD_NUMBER: _ClassVar[int]
     method: str
     drafter: str
     num_speculative_tokens: int
     parallel_drafting: bool
     per_batch_size: _containers.RepeatedCompositeFieldContainer[BatchSizeK]
-    def __init__(self, method: _Optional[str] = ..., drafter: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., parallel_drafting: _Optional[bool] = ..., per_batch_size: _Optional[_Iterable[_Union[BatchSizeK, _Mapping]]] = ...) -> None: ...
+    label: str
+    live: bool
+    live_max_num_speculative_tokens: int
+    live_switches: int
+    def __init__(self, method: _Optional[str] = ..., drafter: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., parallel_drafting: _Optional[bool] = ..., per_batch_size: _Optional[_Iterable[_Union[BatchSizeK, _Mapping]]] = ..., label: _Optional[str] = ..., live: _Optional[bool] = ..., live_max_num_speculative_tokens: _Optional[int] = ..., live_switches: _Optional[int] = ...) -> None: ...
 
 class BatchSizeK(_message.Message):
     __slots__ = ("min_batch_size", "max_batch_size", "num_speculative_tokens")
@@ -226,7 +240,7 @@ class ControllerDecision(_message.Message):
     def __init__(self, unix_time: _Optional[float] = ..., from_config: _Optional[str] = ..., to_config: _Optional[str] = ..., reason: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
 
 class ControllerState(_message.Message):
-    __slots__ = ("enabled", "active", "candidates", "decisions", "acceptance_per_position", "running_requests", "profile_path", "engine_rebuilds")
+    __slots__ = ("enabled", "active", "candidates", "decisions", "acceptance_per_position", "running_requests", "profile_path", "engine_rebuilds", "live_switches")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +249,7 @@ class ControllerState(_message.Message):
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PROFILE_PATH_FIELD_NUMBER: _ClassVar[int]
     ENGINE_REBUILDS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SWITCHES_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     active: SpeculativeConfig
     candidates: _containers.RepeatedCompositeFieldContainer[CandidateEstimate]
@@ -243,4 +258,5 @@ class ControllerState(_message.Message):
     running_requests: float
     profile_path: str
     engine_rebuilds: int
-    def __init__(self, enabled: _Optional[bool] = ..., active: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[CandidateEstimate, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[ControllerDecision, _Mapping]]] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., running_requests: _Optional[float] = ..., profile_path: _Optional[str] = ..., engine_rebuilds: _Optional[int] = ...) -> None: ...
+    live_switches: int
+    def __init__(self, enabled: _Optional[bool] = ..., active: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[CandidateEstimate, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[ControllerDecision, _Mapping]]] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., running_requests: _Optional[float] = ..., profile_path: _Optional[str] = ..., engine_rebuilds: _Optional[int] = ..., live_switches: _Optional[int] = ...) -> None: ...

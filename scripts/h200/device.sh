@@ -48,6 +48,12 @@ install_package() {
     rm -rf "$PKG" && mkdir -p "$PKG/quickdraft"
     cp -r quickdraft/. "$PKG/quickdraft/"
     for sub in server client lsp_bridge bench; do cp -r "$sub" "$PKG/quickdraft/$sub"; done
+    # The entry points pyproject.toml declares: vLLM finds its plugins (live
+    # switching, server/vllm_live.py) through the package's metadata.
+    local info="$PKG/quickdraft-0.1.0.dist-info"
+    mkdir -p "$info"
+    printf 'Metadata-Version: 2.1\nName: quickdraft\nVersion: 0.1.0\n' > "$info/METADATA"
+    printf '[vllm.general_plugins]\nquickdraft_live = quickdraft.server.vllm_live:register\n' > "$info/entry_points.txt"
 }
 
 # Wheels found missing after packing travel in .gpu/extra and are unpacked over the site.

@@ -7,17 +7,20 @@ import sys
 import time
 
 from quickdraft.server.config import load_config
-from quickdraft.server.engine import Engine, SpecMode
+from quickdraft.server.engine import Engine
+from quickdraft.server.speculative import SpecConfig
+from quickdraft.server.vllm_live import check_supported
 
 t0 = time.monotonic()
 for name in ("vllm.entrypoints.chat_utils", "vllm.v1.engine.async_llm", "vllm.v1.engine.core",
              "vllm.v1.worker.gpu_model_runner", "vllm.model_executor.models.qwen3_moe",
              "vllm.model_executor.models.llama_eagle3", "vllm.v1.spec_decode.eagle",
-             "vllm.v1.attention.backends.flash_attn", "quickdraft.server.tune"):
+             "vllm.v1.attention.backends.flash_attn"):
     importlib.import_module(name)
 cfg = load_config(sys.argv[1])
 cfg.validate()
-for mode in (SpecMode(True, True, 7), SpecMode(True, False, 3), SpecMode.off()):
-    Engine(cfg, mode).engine_args().create_engine_config()
-    print("engine config ok:", mode.label(), flush=True)
+check_supported()
+for spec, live in ((SpecConfig(True, 5), True), (SpecConfig(True, 5), False), (SpecConfig(False, 3), False), (SpecConfig.off(), False)):
+    Engine(cfg, spec, live).engine_args().create_engine_config()
+    print("engine config ok:", spec.label(), "live" if live else "static", flush=True)
 print(f"preflight ok in {time.monotonic() - t0:.1f} s")

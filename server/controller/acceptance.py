@@ -16,9 +16,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from ..config.controller import AcceptanceSettings
+from ..speculative import AUTOREGRESSIVE, PARALLEL, SPEC_MODES, Mode
 from .observation import Observation
-from .settings import AcceptanceSettings
-from .spec import AUTOREGRESSIVE, PARALLEL, SPEC_MODES, Mode
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from ..config.controller import ControllerSettings
+from ..speculative import SpecConfig
 from ._linalg import median, quantile
 from .controller import Controller
 from .observation import Observation
 from .profile import ProfileKey, ProfileStore, save_from
-from .settings import ControllerSettings
-from .spec import KSchedule, SpecConfig
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,9 @@ class SweepRow:
 class SweepResult:
     rows: list[SweepRow]
     best: dict[int, str]
-    """Per concurrency, the model's pick (a schedule label)."""
-    start_config: SpecConfig
-    start_schedule: KSchedule | None
+    """Per concurrency, the model's pick (a label, with its K schedule)."""
+    start: SpecConfig
+    """The engine setting to start with (the pick at ``start_load``)."""
     controller: Controller
     profile_path: Path | None = None
     plot_path: Path | None = None
@@ -131,15 +131,11 @@ def run_sweep(
                 bar.update(1)
     finally:
         bar.close()
-    best = {}
-    for c in concurrencies:
-        cfg, sched, _ = ctl.recommend(c)
-        best[c] = sched.label() if sched is not None else cfg.label()
+    best = {c: ctl.recommend(c).engine.label() for c in concurrencies}
     ctl.reset_load()  # the sweep's concurrency says nothing about real traffic
-    start_cfg, start_sched, _ = ctl.recommend(start_load)
-    ctl.activate(start_cfg if start_sched is None else SpecConfig(start_sched.parallel, start_sched.max_k),
-                 start_sched)
-    result = SweepResult(rows, best, start_cfg, start_sched, ctl, failed=failed, observations=measured)
+    start = ctl.recommend(start_load).engine
+    ctl.activate(start)
+    result = SweepResult(rows, best, start, ctl, failed=failed, observations=measured)
     if store is not None and key is not None:
         result.profile_path = save_from(ctl, store, key)
     if plot_path is not None:

@@ -1,12 +1,14 @@
-"""What decide() returns, and the bounded log of them."""
+"""What decide() returns, what the controller's parts propose, and the bounded
+log of decisions."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Iterator, Literal
 
-from .spec import KSchedule, SpecConfig, engine_speculative_config
+from ..speculative import SpecConfig
+from .estimator import Plan
 
 Action = Literal["hold", "switch", "explore", "fallback"]
 
@@ -14,7 +16,7 @@ Action = Literal["hold", "switch", "explore", "fallback"]
 @dataclass(frozen=True)
 class Decision:
     """One controller decision. For anything but "hold" the server should
-    bring up an engine running ``target``/``schedule`` and then call
+    bring up an engine running ``engine`` and then call
     ``Controller.applied(decision)`` (or ``apply_failed``)."""
 
     action: Action
@@ -22,11 +24,12 @@ class Decision:
     "explore": a bounded probe of an uncertain config; "fallback": a safety
     move (KV pressure, acceptance collapse) that skipped hysteresis."""
     current: SpecConfig
-    """Config in effect at the current load before this decision."""
+    """Per-step setting in effect at the decision's load before this decision."""
     target: SpecConfig
-    """Config the engine should run at the current load (mode + K)."""
-    schedule: KSchedule | None
-    """Per-batch-size K for the target's engine; None when speculation is off."""
+    """Per-step setting the engine should run at the decision's load (mode and K)."""
+    engine: SpecConfig
+    """What the engine should run, its per-batch-size K schedule included
+    (``SpecConfig.off()`` when speculation is off)."""
     predicted_gain: float
     """Predicted TPOT saving of target over current at the current load,
     as a fraction of the current TPOT (negative for fallbacks that cost speed)."""
@@ -36,7 +39,7 @@ class Decision:
     """Stable short code for metrics labels: "no_data", "best", "within_margin",
     "sustaining", "dwell", "pending", "probe_running", "probe_done", "probe_kept",
     "better", "explore", "kv_pressure", "acceptance_collapse", "slo", "disabled",
-    "cooldown", "rebuild_cost"."""
+    "rebuild_cost"."""
     timestamp: float
     """Controller clock (unix seconds by default)."""
     load: float = 1.0
@@ -46,29 +49,39 @@ class Decision:
     current_tpot_s: float | None = None
     """Predicted TPOT of the current config at ``load``."""
 
-    @property
-    def requires_change(self) -> bool:
-        return self.action != "hold"
 
-    def speculative_config(self, *, drafter: str, method: str = "eagle3") -> dict | None:
-        """vLLM ``speculative_config`` for the target engine (None: no speculation).
-        Pick ``drafter`` by mode: parallel needs a P-EAGLE head."""
-        return engine_speculative_config(self.target, self.schedule, drafter=drafter, method=method)
+@dataclass(frozen=True)
+class Verdict:
+    """What one part of the controller (policy, exploration, safety) proposes;
+    the controller turns it into a :class:`Decision`."""
 
-    def to_dict(self) -> dict:
-        """Plain data; keys follow the proto's ControllerDecision, plus extras."""
-        return {
-            "unix_time": self.timestamp,
-            "action": self.action,
-            "from_config": self.current.label(),
-            "to_config": self.schedule.label() if self.schedule is not None else self.target.label(),
-            "reason": self.reason,
-            "reason_code": self.reason_code,
-            "predicted_gain": round(self.predicted_gain, 4),
-            "load": round(self.load, 3),
-            "predicted_tpot_ms": None if self.predicted_tpot_s is None else round(self.predicted_tpot_s * 1e3, 4),
-            "current_tpot_ms": None if self.current_tpot_s is None else round(self.current_tpot_s * 1e3, 4),
-        }
+    action: Action
+    code: str
+    """The decision's ``reason_code``."""
+    reason: str
+    plan: Plan | None = None
+    """The engine to move to (None for a hold)."""
+    gain: float = 0.0
+    """Predicted TPOT saving of ``plan`` over the active engine, a fraction."""
+    may_explore: bool = False
+    """A hold after which a probe may be worth it."""
+
+    @classmethod
+    def hold(cls, code: str, reason: str, *, may_explore: bool = False) -> "Verdict":
+        return cls("hold", code, reason, may_explore=may_explore)
+
+
+def relative_gain(current_s: float | None, new_s: float | None) -> float:
+    """TPOT saved by ``new_s`` over ``current_s``, as a fraction of ``current_s``
+    (0 when either is unknown)."""
+    if not current_s or new_s is None:
+        return 0.0
+    return (current_s - new_s) / current_s
+
+
+def ms(seconds: float | None) -> str:
+    """Seconds as milliseconds for a reason text ("?" when unknown)."""
+    return "?" if seconds is None else f"{seconds * 1e3:.2f} ms"
 
 
 # hold reasons that mean the same thing for the history: steady, waiting, building up
@@ -87,6 +100,11 @@ class DecisionLog:
     def __init__(self, size: int) -> None:
         self._items: deque[Decision] = deque(maxlen=size)
 
+    @property
+    def size(self) -> int:
+        """Most decisions kept."""
+        return self._items.maxlen or 0
+
     def add(self, d: Decision) -> None:
         if d.action == "hold" and self._items:
             last = self._items[-1]
@@ -95,7 +113,7 @@ class DecisionLog:
                 return
         self._items.append(d)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Decision]:
         return iter(self._items)
 
     def __len__(self) -> int:

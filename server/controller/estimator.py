@@ -1,4 +1,4 @@
-"""Predictions for any config at any load, from the three models.
+"""Predictions for any setting at any load, from the three models.
 
 ``TPOT(config, B) = step_time(mode, K, B) / E[L](mode, K)`` and a TTFT
 quantile per latency class; plus the best per-batch-size K schedule of a mode.
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..config.controller import ControllerSettings
+from ..speculative import AUTOREGRESSIVE, PARALLEL, Mode, SpecConfig
 from .acceptance import AcceptanceModel
 from .observation import LATENCY_CLASSES, Observation
-from .settings import ControllerSettings
-from .spec import AUTOREGRESSIVE, OFF, PARALLEL, KSchedule, Mode, SpecConfig
 from .step_model import StepTimeModel
-from .ttft_model import TTFTModel
+from .ttft_model import TTFTFit, TTFTModel
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,25 @@ class Prediction:
         return self.step_s / self.acceptance_length_high
 
 
+@dataclass(frozen=True)
+class Plan:
+    """An engine setting (its K schedule included) and the model's view of it
+    at one load."""
+
+    engine: SpecConfig
+    prediction: Prediction
+
+    @property
+    def mode(self) -> Mode:
+        """The engine's drafting mode (a schedule with K=0 at this load keeps it)."""
+        return self.engine.mode
+
+    @property
+    def config(self) -> SpecConfig:
+        """The per-step setting at the load."""
+        return self.prediction.config
+
+
 class Estimator:
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings
@@ -60,7 +79,7 @@ class Estimator:
         self._version = 0  # bumped by anything that changes the data
         self._fitted = -1
         self._el: dict[tuple[Mode, int, str], float] = {}
-        self._sched_cache: dict[tuple, KSchedule | None] = {}
+        self._sched_cache: dict[tuple, SpecConfig | None] = {}
 
     # -- updates --------------------------------------------------------------
     def observe(self, obs: Observation) -> None:
@@ -98,6 +117,10 @@ class Estimator:
     def ready(self) -> bool:
         return self.step.fit() is not None
 
+    def ttft_fit(self) -> TTFTFit | None:
+        """The TTFT model's current fit (None before enough data)."""
+        return self.ttft.fit(self._step_fn)
+
     # -- predictions ------------------------------------------------------------
     def predict(self, config: SpecConfig, batch: float, *, step_s: float | None = None) -> Prediction:
         """``step_s`` overrides the step-time model (K=0 inside a speculative engine)."""
@@ -122,17 +145,16 @@ class Estimator:
             self.step.samples(mode, k, batch), self.step.count(mode, k),
         )
 
-    def tpot(self, config: SpecConfig, batch: float) -> float | None:
-        self.refit()
-        step_s = self.step.predict(config.mode, config.k, batch)
-        if step_s is None:
-            return None
-        return step_s / self.expected_length(config.mode, config.k)
-
-    def schedule_tpot(self, mode: Mode, schedule: KSchedule | None, batch: float) -> float | None:
-        if mode == OFF or schedule is None:
-            return self.tpot(SpecConfig.off(), batch)
-        return self.tpot(schedule.config_at(batch), batch)
+    def plan(self, engine: SpecConfig, load: float) -> Plan:
+        """The prediction for an engine running ``engine`` at ``load``: its
+        per-step setting there, and where its schedule drafts nothing at this
+        load (K=0 inside a speculative engine), the mode's step time at K=0."""
+        config = engine.at(load)
+        if engine.enabled and not config.enabled:
+            mode: Mode = PARALLEL if engine.parallel else AUTOREGRESSIVE
+            step_s = self.step.predict(mode, 0, load, local=False)
+            return Plan(engine, self.predict(config, load, step_s=step_s))
+        return Plan(engine, self.predict(config, load))
 
     def best_schedule(
         self,
@@ -141,11 +163,12 @@ class Estimator:
         load: float = 1.0,
         k_cap: int | None = None,
         banned: frozenset[SpecConfig] = frozenset(),
-    ) -> KSchedule | None:
+    ) -> SpecConfig | None:
         """Per batch size, the candidate K with the lowest predicted TPOT that
         meets the TTFT SLOs (the least violating when none does), capped at
-        ``k_cap``; non-increasing in the batch size if the settings say so. With schedules disabled, one K: the best
-        at ``load``. None if no K of this mode is allowed."""
+        ``k_cap``; non-increasing in the batch size if the settings say so.
+        With schedules disabled, one K: the best at ``load``. None if no K of
+        this mode is allowed."""
         self.refit()
         sched = self.settings.schedule
         uniform_at = None if sched.enabled and (sched.parallel or not parallel) else max(1, int(round(load)))
@@ -176,7 +199,7 @@ class Estimator:
                      if limit and fit.samples.get(cls, 0) >= self.settings.slo.min_samples]
 
     def _best_schedule(self, parallel: bool, k_cap: int | None, banned: frozenset[SpecConfig],
-                       uniform_at: int | None) -> KSchedule | None:
+                       uniform_at: int | None) -> SpecConfig | None:
         st = self.settings
         mode: Mode = PARALLEL if parallel else AUTOREGRESSIVE
         ks = [k for k in st.ks(parallel) if (k_cap is None or k <= k_cap)
@@ -217,7 +240,7 @@ class Estimator:
         if max(chosen) == 0:
             return None
         if uniform_at is not None:
-            return KSchedule(parallel, ((1, st.schedule.max_batch, chosen[0]),))
+            return SpecConfig(parallel, chosen[0])
         # expand the grid to ranges; between grid points vLLM carries K forward
         ranges: list[tuple[int, int, int]] = []
         for i, b in enumerate(grid):
@@ -226,13 +249,7 @@ class Estimator:
                 ranges[-1] = (ranges[-1][0], end, chosen[i])
             else:
                 ranges.append((b, end, chosen[i]))
-        return KSchedule(parallel, tuple(ranges))
-
-    def _off_in_mode(self, parallel: bool, batch: float) -> Prediction:
-        """K=0 steps inside a speculative engine: the mode's model at K=0."""
-        mode: Mode = PARALLEL if parallel else AUTOREGRESSIVE
-        step_s = self.step.predict(mode, 0, batch, local=False)
-        return self.predict(SpecConfig.off(), batch, step_s=step_s)
+        return SpecConfig.scheduled(parallel, ranges)
 
 
 def _batch_grid(max_batch: int) -> list[int]:

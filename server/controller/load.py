@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..config.controller import LoadSettings
 from .observation import EngineSnapshot
-from .settings import LoadSettings
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
-from .spec import SpecConfig
+from ..speculative import SpecConfig
 
 LatencyClass = Literal["inline", "chat", "batch"]
 LATENCY_CLASSES: tuple[LatencyClass, ...] = ("inline", "chat", "batch")
@@ -33,9 +33,9 @@ class Observation:
     batch_size: float
     """Running requests while it decoded (a mean over its life is fine)."""
     config: SpecConfig
-    """Config the engine ran it under. With a per-batch-size K schedule pass
-    the mode and the K in effect, e.g. ``schedule.config_at(batch_size)``;
-    the counters below give the K actually drafted."""
+    """The per-step setting it ran under: with a per-batch-size K schedule,
+    the mode and the K in effect, e.g. ``engine.at(batch_size)``; the counters
+    below give the K actually drafted."""
     num_drafts: int = 0
     """Verification steps that checked drafts."""
     num_draft_tokens: int = 0

@@ -12,12 +12,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config.controller import ControllerSettings
+from ..speculative import SpecConfig
+from .estimator import Estimator
+
 if TYPE_CHECKING:
     from .controller import Controller
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PROFILE_DIR = Path("~/.cache/quickdraft/profiles")
+PROFILE_SCHEMA = 1
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,46 @@ class ProfileStore:
                 pass
             raise
         return path
+
+
+def encode(start: SpecConfig, estimator: Estimator, rebuild: dict, saved_at: float) -> dict:
+    """A profile: the engine setting to start with, the models' data and the
+    rebuild figures measured here."""
+    return {
+        "schema": PROFILE_SCHEMA,
+        "saved_at": saved_at,
+        "config": start.label(),
+        "engine": start.to_dict(),
+        "acceptance": estimator.acceptance.to_dict(),
+        "step_model": estimator.step.to_dict(),
+        "ttft": estimator.ttft.to_dict(),
+        **rebuild,
+    }
+
+
+def decode(profile: dict, settings: ControllerSettings) -> tuple[SpecConfig, Estimator]:
+    """The start setting and a fresh estimator loaded with the profile's data
+    (raises KeyError, TypeError or ValueError if it is unusable)."""
+    if not isinstance(profile, dict) or profile.get("schema") != PROFILE_SCHEMA:
+        raise ValueError(f"profile schema {profile.get('schema') if isinstance(profile, dict) else None!r} "
+                         f"is not {PROFILE_SCHEMA}")
+    start = start_setting(profile)
+    estimator = Estimator(settings)
+    estimator.acceptance.load_dict(profile.get("acceptance", {}))
+    estimator.step.load_dict(profile.get("step_model", {}))
+    estimator.ttft.load_dict(profile.get("ttft", {}))
+    return start, estimator
+
+
+def start_setting(profile: dict) -> SpecConfig:
+    """The profile's engine setting. Profiles written before the one config
+    type kept a per-step ``config`` label and, with speculation on, a
+    ``schedule`` dict of ``(min_batch, max_batch, K)`` ranges."""
+    if profile.get("engine"):
+        return SpecConfig.from_dict(profile["engine"])
+    if profile.get("schedule"):
+        return SpecConfig.from_dict(profile["schedule"])
+    return SpecConfig.parse(profile["config"])
 
 
 def load_into(controller: "Controller", store: ProfileStore, key: ProfileKey) -> bool:

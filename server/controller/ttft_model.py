@@ -22,10 +22,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
+from ..config.controller import SLOSettings
+from ..speculative import OFF, Mode
 from ._linalg import median, quantile
 from .observation import LATENCY_CLASSES, Observation
-from .settings import SLOSettings
-from .spec import OFF, Mode
 
 StepFn = Callable[[Mode, int, float], "float | None"]
 

@@ -30,7 +30,7 @@ class FakeServer:
 @pytest.fixture(scope="module")
 def fake_quickdraft():
     from quickdraft.server.config import load_config
-    from quickdraft.server.grpc_server import QuickdraftServer
+    from quickdraft.server.app import QuickdraftServer
 
     cfg = load_config(env={}, overrides={"server.port": 0, "telemetry.metrics_port": 0, "http.enabled": True, "http.port": free_port()})
     cfg.validate()

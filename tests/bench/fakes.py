@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from types import SimpleNamespace
 
-from quickdraft.server.engine import EngineSnapshot, SpecMode
+from quickdraft.server.engine import EngineSnapshot
 from quickdraft.server.prompt_tokens import PromptTokenizer
+from quickdraft.server.speculative import SpecConfig
 
 
 @lru_cache(maxsize=1)
@@ -33,7 +34,9 @@ class FakeEngine:
     ``1 + min(K, accepted)`` tokens when speculating, like a drafter that is
     always right on its first ``accepted`` drafts."""
 
-    mode: SpecMode
+    spec: SpecConfig
+    live: bool = False
+    """Switches to any setting in place (``switch``), as a live vLLM engine does."""
     step_s: float = 0.01
     accepted: int = 2
     drafter_cost: float = 0.05
@@ -45,10 +48,13 @@ class FakeEngine:
     dead: bool = False
     aborted: list[str] = field(default_factory=list)
     generated: int = 0
+    switches: int = 0
+    max_k: int = 7
+    drafter: str | None = None
 
     async def generate(self, request_id, prompt_ids, sampling):
         limit = self.max_tokens or sampling.max_tokens
-        k = self.mode.k if self.mode.enabled else 0
+        k = self.spec.max_k
         per_step = 1 + min(k, self.accepted)
         step = self.step_s * (1 + self.drafter_cost * k)
         hist = [0] * (k + 1)
@@ -66,6 +72,20 @@ class FakeEngine:
             self.generated += n
             yield SimpleNamespace(outputs=[out])
 
+    def can_switch_to(self, spec: SpecConfig) -> bool:
+        return (self.live and spec.k <= self.max_k) or spec == self.spec
+
+    async def switch(self, spec: SpecConfig) -> float:
+        if not self.can_switch_to(spec):
+            raise ValueError(f"this engine runs {self.spec.label()} for its life")
+        if spec != self.spec:
+            self.switches += 1
+        self.spec = spec
+        return 0.0
+
+    def describe(self) -> str:
+        return self.spec.label()
+
     async def abort(self, request_id):
         self.aborted.append(request_id)
 
@@ -77,9 +97,9 @@ class FakeEngine:
 
 
 def factory(step_s: float = 0.01, **kw):
-    """An ``engine_factory`` for QuickdraftServer / the gate: FakeEngine per mode."""
+    """An ``engine_factory`` for QuickdraftServer / the gate: a FakeEngine per setting."""
 
-    async def make(cfg, mode):
-        return FakeEngine(mode, step_s=step_s, **kw)
+    async def make(cfg, spec, live=False):
+        return FakeEngine(spec, live, step_s=step_s, **kw)
 
     return make

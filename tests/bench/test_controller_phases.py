@@ -1,4 +1,4 @@
-"""The controller-under-a-changing-load benchmark (bench/controller_phases.py):
+"""The controller-under-a-changing-load benchmark (bench/phases/):
 phase bucketing, regret and within-tolerance verdicts, rebuild and failure
 accounting, statics from an earlier run, the report, and one short run over
 real in-process servers (gRPC, controller loop) on fake engines."""
@@ -12,8 +12,27 @@ from dataclasses import replace
 
 import pytest
 
-from quickdraft.bench import controller_phases as cp
-from quickdraft.bench.controller_phases import Phase, PhasesSpec, Req, bucket, schedule
+from quickdraft.bench.phases.analysis import tpot_in, verdicts
+from quickdraft.bench.phases.cli import reanalyse, spec_from_args
+from quickdraft.bench.phases.plot import plot, rolling_tpot
+from quickdraft.bench.phases.rebuilds import failed_during, rebuild_accounting, rebuild_windows
+from quickdraft.bench.phases.report import markdown
+from quickdraft.bench.phases.run import Started, phase_figures, run_bench
+from quickdraft.bench.phases.statics import load_statics
+from quickdraft.bench.phases.timeline import (
+    REQ_COLUMNS,
+    PhasesSpec,
+    Req,
+    bucket,
+    max_in_flight,
+    phase_at,
+    repeated_prompts,
+    reqs_of,
+    schedule,
+    task_slices,
+    token_weighted_ms,
+    window_tpot_ms,
+)
 from quickdraft.bench.workload import WorkloadSpec
 
 PHASES = schedule((1, 8, 1), 60.0)
@@ -31,11 +50,11 @@ def run_of(label: str, mode: str, reqs: list[Req], source: str = "this run") -> 
     for p in PHASES:
         g = groups[p.index]
         phases.append({"phase": p.index, "concurrency": p.concurrency,
-                       "whole": {"tpot_ms_token_weighted": cp.token_weighted_ms(g["whole"]), "completed": sum(r.outcome == "ok" for r in g["whole"]),
+                       "whole": {"tpot_ms_token_weighted": token_weighted_ms(g["whole"]), "completed": sum(r.outcome == "ok" for r in g["whole"]),
                                  "failed": sum(r.outcome == "failed" for r in g["whole"])},
-                       "settled": {"tpot_ms_token_weighted": cp.token_weighted_ms(g["settled"])}})
+                       "settled": {"tpot_ms_token_weighted": token_weighted_ms(g["settled"])}})
     return {"label": label, "mode": mode, "k": None, "source": source, "phases": phases,
-            "requests": {"columns": cp.REQ_COLUMNS, "rows": [r.row() for r in reqs]}}
+            "requests": {"columns": REQ_COLUMNS, "rows": [r.row() for r in reqs]}}
 
 
 def steady(tpots: list[float], first_30s: dict[int, float] | None = None) -> list[Req]:
@@ -55,19 +74,19 @@ def test_schedule_puts_the_phases_back_to_back_after_the_warmup():
     ph = schedule((1, 8, 1), 60.0, warmup_s=20.0)
     assert [(p.index, p.concurrency, p.start_s, p.end_s) for p in ph] == [(-1, 1, -20.0, 0.0), (0, 1, 0.0, 60.0), (1, 8, 60.0, 120.0), (2, 1, 120.0, 180.0)]
     assert [p.measured for p in ph] == [False, True, True, True]
-    assert cp.phase_at(59.999, ph).index == 0 and cp.phase_at(60.0, ph).index == 1 and cp.phase_at(180.0, ph) is None
+    assert phase_at(59.999, ph).index == 0 and phase_at(60.0, ph).index == 1 and phase_at(180.0, ph) is None
     # Each phase gets its own slice of the tasks, sized by its streams, and the warm-up the last one;
     # the same slices with or without the warm-up phase, so every config gets the same requests.
-    slices = cp.task_slices(1100, ph)
+    slices = task_slices(1100, ph)
     assert slices == {0: (0, 100), 1: (100, 800), 2: (900, 100), -1: (1000, 100)}
-    assert cp.task_slices(1100, [p for p in ph if p.measured]) == slices
+    assert task_slices(1100, [p for p in ph if p.measured]) == slices
 
 
 def test_repeated_prompts_counts_requests_past_their_phase_slice():
     ph = schedule((1, 8, 1), 60.0)
-    slices = cp.task_slices(11, ph)  # slices of 1, 8, 1 (and 1 for the warm-up)
+    slices = task_slices(11, ph)  # slices of 1, 8, 1 (and 1 for the warm-up)
     reqs = [req(1.0, index=0), req(2.0, index=1), req(61.0, index=1), req(62.0, index=9), req(121.0, index=9)]
-    assert cp.repeated_prompts(reqs, ph, slices) == {0: 1, 1: 1, 2: 0}
+    assert repeated_prompts(reqs, ph, slices) == {0: 1, 1: 1, 2: 0}
 
 
 def test_requests_count_for_the_phase_they_started_in():
@@ -90,18 +109,18 @@ def test_requests_count_for_the_phase_they_started_in():
 
 
 def test_max_in_flight():
-    assert cp.max_in_flight([]) == 0
-    assert cp.max_in_flight([Req(0, 0.0, 1.0, "ok"), Req(1, 1.0, 2.0, "ok")]) == 1  # back to back: one at a time
-    assert cp.max_in_flight([Req(0, 0.0, 1.0, "ok"), Req(1, 0.5, 2.0, "ok"), Req(2, 0.6, 0.7, "ok"), Req(3, 1.5, 3.0, "ok")]) == 3
+    assert max_in_flight([]) == 0
+    assert max_in_flight([Req(0, 0.0, 1.0, "ok"), Req(1, 1.0, 2.0, "ok")]) == 1  # back to back: one at a time
+    assert max_in_flight([Req(0, 0.0, 1.0, "ok"), Req(1, 0.5, 2.0, "ok"), Req(2, 0.6, 0.7, "ok"), Req(3, 1.5, 3.0, "ok")]) == 3
 
 
 def test_token_weighted_tpot_counts_decode_tokens_of_completed_requests_only():
     reqs = [req(0, tpot_ms=10.0, tokens=11), req(1, tpot_ms=20.0, tokens=31),
             req(2, outcome="failed"), req(3, outcome="cancelled"), Req(9, 4.0, 4.1, "ok", 1, 0.0, 0.05)]  # one token: no TPOT
     # (100 ms + 600 ms) / (10 + 30 tokens)
-    assert cp.token_weighted_ms(reqs) == pytest.approx(17.5)
-    assert cp.token_weighted_ms([req(0, outcome="failed")]) is None
-    assert cp.window_tpot_ms(reqs, 0.5, 10) == pytest.approx(20.0)
+    assert token_weighted_ms(reqs) == pytest.approx(17.5)
+    assert token_weighted_ms([req(0, outcome="failed")]) is None
+    assert window_tpot_ms(reqs, 0.5, 10) == pytest.approx(20.0)
 
 
 def test_phase_figures_keep_requests_apart_even_when_workload_indices_repeat():
@@ -112,7 +131,7 @@ def test_phase_figures_keep_requests_apart_even_when_workload_indices_repeat():
 
     # The same workload index (7) in phase 1 and in phase 2, with different timings.
     pairs = [(res(7, 11, 0.1), Req(7, 40.0, 40.2, "ok", 11, 0.1)), (res(7, 11, 0.3), Req(7, 95.0, 95.4, "ok", 11, 0.3))]
-    figs = cp.phase_figures(pairs, PHASES, 30.0)
+    figs = phase_figures(pairs, PHASES, 30.0)
     assert [f["whole"]["completed"] for f in figs] == [1, 1, 0]
     assert figs[0]["settled"]["tpot_ms_token_weighted"] == pytest.approx(10.0)
     assert figs[1]["settled"]["tpot_ms_token_weighted"] == pytest.approx(30.0)
@@ -133,7 +152,7 @@ def synthetic_runs() -> list[dict]:
 
 
 def test_regret_per_phase_settled_and_whole_and_the_within_5_percent_verdicts():
-    v = cp.verdicts(synthetic_runs(), PHASES, 30.0, 0.05)
+    v = verdicts(synthetic_runs(), PHASES, 30.0, 0.05)
     p1, p2, p3 = v["phases"]
     assert (p1["best_static"], p2["best_static"], p3["best_static"]) == ("ar3", "off", "ar3")
     assert p1["best_static_tpot_ms"] == pytest.approx(6.5) and p2["best_static_tpot_ms"] == pytest.approx(6.0)
@@ -159,7 +178,7 @@ def test_regret_against_the_best_static_config_within_the_ttft_slo():
     slow_first_token = [replace(r, ttft_s=0.5) if 60 <= r.start_s < 120 else r for r in steady([10.0, 6.0, 10.0])]
     runs[0] = run_of("off", "off", slow_first_token)
     runs[-1] = run_of("controller", "controller", steady([6.6, 8.1, 6.7]))
-    v = cp.verdicts(runs, PHASES, 30.0, 0.05, ttft_slo_s=0.3)
+    v = verdicts(runs, PHASES, 30.0, 0.05, ttft_slo_s=0.3)
     p1, p2, _ = v["phases"]
     assert p2["best_static"] == "off" and p2["within_tolerance"] is False
     assert p2["static_ttft_p95_ms"]["off"] == pytest.approx(500.0) and p2["static_ttft_p95_ms"]["ar3"] == pytest.approx(50.0)
@@ -167,17 +186,17 @@ def test_regret_against_the_best_static_config_within_the_ttft_slo():
     assert p1["best_feasible_static"] == p1["best_static"] == "ar3"
     assert v["targets"]["within_tolerance_every_phase"] is False and v["targets"]["within_tolerance_vs_feasible_every_phase"] is True
     # Without an SLO, no feasibility figures.
-    assert "best_feasible_static" not in cp.verdicts(runs, PHASES, 30.0, 0.05)["phases"][1]
+    assert "best_feasible_static" not in verdicts(runs, PHASES, 30.0, 0.05)["phases"][1]
 
 
 def test_the_targets_are_met_when_every_phase_is_within_tolerance():
     runs = synthetic_runs()
     runs[-1] = run_of("controller", "controller", steady([6.6, 6.2, 6.7], first_30s={1: 9.0}))
-    v = cp.verdicts(runs, PHASES, 30.0, 0.05)
+    v = verdicts(runs, PHASES, 30.0, 0.05)
     assert [r["within_tolerance"] for r in v["phases"]] == [True, True, True]
     assert v["targets"] == {"within_tolerance_every_phase": True, "reached_within_settle_every_phase": True, "failed_during_rebuilds_zero": True, "met": True}
     # A stricter tolerance turns phase 1 (1.5 % over) into a miss.
-    assert cp.verdicts(runs, PHASES, 30.0, 0.01)["phases"][0]["within_tolerance"] is False
+    assert verdicts(runs, PHASES, 30.0, 0.01)["phases"][0]["within_tolerance"] is False
 
 
 def test_rounds_pool_each_configs_requests_and_show_each_rounds_regret():
@@ -190,7 +209,7 @@ def test_rounds_pool_each_configs_requests_and_show_each_rounds_regret():
                     run_of("controller", "controller", steady([ctl_ms] * 3))):
             run["round"] = rnd
             runs.append(run)
-    v = cp.verdicts(runs, PHASES, 30.0, 0.05)
+    v = verdicts(runs, PHASES, 30.0, 0.05)
     assert v["statics"] == ["ar3", "p5"]
     p1 = v["phases"][0]
     # Token-weighted over both rounds (the same tokens in each): (6 + 8) / 2 and (6.3 + 7.6) / 2.
@@ -206,7 +225,7 @@ def test_rounds_pool_each_configs_requests_and_show_each_rounds_regret():
 
 
 def test_without_a_controller_run_there_is_no_verdict_on_it():
-    v = cp.verdicts(synthetic_runs()[:3], PHASES, 30.0, 0.05)
+    v = verdicts(synthetic_runs()[:3], PHASES, 30.0, 0.05)
     assert "targets" not in v and v["phases"][1]["best_static"] == "off"
     assert v["phases"][1]["controller_tpot_ms"] is None and v["phases"][1]["regret"] is None
 
@@ -245,7 +264,7 @@ def controller_run_with_rebuilds() -> dict:
 
 
 def test_rebuilds_per_phase_and_the_requests_that_failed_during_them():
-    acc = cp.rebuild_accounting(controller_run_with_rebuilds(), PHASES)
+    acc = rebuild_accounting(controller_run_with_rebuilds(), PHASES)
     # engine_rebuilds: 0 at phase 1's start, 0 at phase 2's, 1 at phase 3's, 3 at the end (the restart counts too).
     assert acc["engine_rebuilds"] == 3 and acc["source"].startswith("GetControllerState")
     assert [x["engine_rebuilds"] for x in acc["per_phase"]] == [0, 1, 2]
@@ -257,22 +276,22 @@ def test_rebuilds_per_phase_and_the_requests_that_failed_during_them():
     assert [x["failed_during_rebuilds"] for x in acc["per_phase"]] == [0, 1, 1]
     assert acc["failed"] == 4 and acc["refused_as_invalid"] == 1 and acc["failed_during_rebuilds"] == 2
     assert "UNAVAILABLE: engine is switching" in acc["failed_during_rebuilds_examples"]
-    v = cp.verdicts([*synthetic_runs()[:3], controller_run_with_rebuilds()], PHASES, 30.0, 0.05)
+    v = verdicts([*synthetic_runs()[:3], controller_run_with_rebuilds()], PHASES, 30.0, 0.05)
     assert v["controller"]["failed_during_rebuilds"] == 2 and v["targets"]["failed_during_rebuilds_zero"] is False and v["targets"]["met"] is False
 
 
 def test_without_boundary_reads_rebuilds_are_counted_from_the_switch_decisions():
     run = controller_run_with_rebuilds()
     run["server"]["controller_reads"] = []
-    acc = cp.rebuild_accounting(run, PHASES)
+    acc = rebuild_accounting(run, PHASES)
     assert acc["engine_rebuilds"] == 2 and acc["source"].startswith("switch decisions")
     assert [x["engine_rebuilds"] for x in acc["per_phase"]] == [None, None, None]
 
 
 def test_a_rebuild_still_under_way_at_the_end_lasts_to_the_end():
-    wins = cp.rebuild_windows([{"t": 170.0, "action": "switch", "from": "off", "to": "p3"}], [[169.0, 169.01, "serving", "off"], [171.0, 171.01, "switching", "off"]], 185.0)
+    wins = rebuild_windows([{"t": 170.0, "action": "switch", "from": "off", "to": "p3"}], [[169.0, 169.01, "serving", "off"], [171.0, 171.01, "switching", "off"]], 185.0)
     assert wins == [{"start_s": 170.0, "end_s": 185.0, "action": "switch", "from": "off", "to": "p3"}]
-    assert cp.failed_during([req(184.0, outcome="failed", end=190.0), req(186.0, outcome="failed", end=187.0)], wins) == [req(184.0, outcome="failed", end=190.0)]
+    assert failed_during([req(184.0, outcome="failed", end=190.0), req(186.0, outcome="failed", end=187.0)], wins) == [req(184.0, outcome="failed", end=190.0)]
 
 
 # --- statics from an earlier run ----------------------------------------------------------------
@@ -294,17 +313,17 @@ def sweep_doc() -> dict:
 def test_statics_from_a_sweep_take_the_level_at_each_phases_concurrency(tmp_path):
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(sweep_doc()))
-    runs, notes = cp.load_statics(path, PhasesSpec(), WorkloadSpec(cancel_share=0.0, chat_share=0.0))
+    runs, notes = load_statics(path, PhasesSpec(), WorkloadSpec(cancel_share=0.0, chat_share=0.0))
     assert [r["label"] for r in runs] == ["off", "ar5"]  # no controller, no peer, no failed config
     assert all(str(path) in r["source"] and "sweep" in r["source"] for r in runs)
     off = runs[0]
-    assert [cp.tpot_in(off, p, 30.0) for p in PHASES] == [10.0, 5.5, 10.0]
-    assert cp.tpot_in(off, PHASES[1], 0.0) == 5.5
+    assert [tpot_in(off, p, 30.0) for p in PHASES] == [10.0, 5.5, 10.0]
+    assert tpot_in(off, PHASES[1], 0.0) == 5.5
     assert any("settled = whole" in n for n in notes)
     assert any("another workload" in n and "cancel_share" in n for n in notes)
     # The controller measured now, against statics from the sweep (no per-request data there).
     ctl = run_of("controller", "controller", steady([6.1, 5.6, 6.5]))
-    v = cp.verdicts([ctl, *runs], PHASES, 30.0, 0.05)
+    v = verdicts([ctl, *runs], PHASES, 30.0, 0.05)
     assert [r["best_static"] for r in v["phases"]] == ["ar5", "off", "ar5"]
     assert [r["within_tolerance"] for r in v["phases"]] == [True, True, False]
     assert v["phases"][0]["best_static_source"] == runs[1]["source"]
@@ -315,15 +334,15 @@ def test_statics_from_a_phases_run_and_their_checks(tmp_path):
            "workload": {"cancel_share": 0.0, "chat_share": 0.0}, "runs": synthetic_runs()}
     path = tmp_path / "phases.json"
     path.write_text(json.dumps(doc))
-    runs, notes = cp.load_statics(path, PhasesSpec(), WorkloadSpec(cancel_share=0.0, chat_share=0.0))
+    runs, notes = load_statics(path, PhasesSpec(), WorkloadSpec(cancel_share=0.0, chat_share=0.0))
     assert [r["label"] for r in runs] == ["off", "p5", "ar3"] and runs[0]["source"] == f"{path} (d)"
-    assert cp.reqs_of(runs[0]) is not None
+    assert reqs_of(runs[0]) is not None
     assert any("phase_seconds 90.0 there, 60.0 here" in n for n in notes)
     with pytest.raises(ValueError, match="phases are"):
-        cp.load_statics(path, PhasesSpec(concurrency=[1, 4, 1]))
+        load_statics(path, PhasesSpec(concurrency=[1, 4, 1]))
     (tmp_path / "other.json").write_text("{}")
     with pytest.raises(ValueError, match="neither"):
-        cp.load_statics(tmp_path / "other.json", PhasesSpec())
+        load_statics(tmp_path / "other.json", PhasesSpec())
 
 
 def test_statics_from_a_run_in_rounds_keep_every_round(tmp_path):
@@ -332,7 +351,7 @@ def test_statics_from_a_run_in_rounds_keep_every_round(tmp_path):
            "workload": {}, "runs": runs}
     path = tmp_path / "phases.json"
     path.write_text(json.dumps(doc))
-    out = cp.run_bench(PhasesSpec(configs=[], statics_from=[str(path)]), WorkloadSpec(cancel_share=0.0, chat_share=0.0),
+    out = run_bench(PhasesSpec(configs=[], statics_from=[str(path)]), WorkloadSpec(cancel_share=0.0, chat_share=0.0),
                        tmp_path / "out", show_progress=False)
     assert [(r["label"], r["round"]) for r in out["runs"]] == [("off", 1), ("p5", 1), ("off", 2), ("p5", 2)]
     assert out["verdicts"]["statics"] == ["off", "p5"]
@@ -344,15 +363,15 @@ def test_the_command_line_leaves_out_configs_the_statics_file_provides(tmp_path)
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(sweep_doc()))
     args = build_parser().parse_args(["bench", "phases", "--statics-from", str(path), "--phase-seconds", "45", "--controller-warmup", "30"])
-    spec = cp.spec_from_args(args)
+    spec = spec_from_args(args)
     assert "off" not in spec.configs and "ar5" not in spec.configs and "controller" in spec.configs and "p5" in spec.configs
     assert spec.phase_seconds == 45.0 and spec.controller_warmup_s == 30.0 and spec.concurrency == [1, 8, 1]
     assert args.cancel_share == 0.0 and args.chat_share == 0.0  # like with like by default
     args = build_parser().parse_args(["bench", "phases", "--configs", "off,p5,controller", "--phases", "1,4,1"])
-    spec = cp.spec_from_args(args)
+    spec = spec_from_args(args)
     assert spec.configs == ["off", "p5", "controller"] and spec.concurrency == [1, 4, 1]
     with pytest.raises(ValueError, match="unknown configs"):
-        cp.run_bench(PhasesSpec(configs=["p9"]), WorkloadSpec(), tmp_path / "x", show_progress=False)
+        run_bench(PhasesSpec(configs=["p9"]), WorkloadSpec(), tmp_path / "x", show_progress=False)
     with pytest.raises(ValueError, match="settle"):
         PhasesSpec(phase_seconds=20.0, settle_s=30.0).validate()
 
@@ -368,7 +387,7 @@ def synthetic_doc() -> dict:
             "spec": {**json.loads(json.dumps(PhasesSpec().__dict__)), "controller_warmup_s": 20.0},
             "workload": {"tasks": 256, "source": "heldout", "single_line_share": 0.5, "cancel_share": 0.0, "chat_share": 0.0},
             "phases": [p.to_dict() for p in PHASES], "controller_profile": {"dir": "/tmp/x", "fresh": True},
-            "runs": runs, "verdicts": cp.verdicts(runs, PHASES, 30.0, 0.05, ttft_slo_s=0.3), "notes": ["a note"]}
+            "runs": runs, "verdicts": verdicts(runs, PHASES, 30.0, 0.05, ttft_slo_s=0.3), "notes": ["a note"]}
 
 
 def test_reanalyse_recomputes_the_verdicts_of_an_earlier_run(tmp_path):
@@ -376,7 +395,7 @@ def test_reanalyse_recomputes_the_verdicts_of_an_earlier_run(tmp_path):
     doc["verdicts"] = {"stale": True}
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "phases.json").write_text(json.dumps(doc))
-    cp.reanalyse(tmp_path / "run" / "phases.json", tmp_path / "again")
+    reanalyse(tmp_path / "run" / "phases.json", tmp_path / "again")
     again = json.loads((tmp_path / "again" / "phases.json").read_text())
     assert "stale" not in again["verdicts"] and again["verdicts"]["ttft_slo_s"] == pytest.approx(0.3)
     assert [r["best_static"] for r in again["verdicts"]["phases"]] == ["ar3", "off", "ar3"]
@@ -385,7 +404,7 @@ def test_reanalyse_recomputes_the_verdicts_of_an_earlier_run(tmp_path):
 
 
 def test_markdown_reports_targets_regret_rebuilds_and_every_config():
-    md = cp.markdown(synthetic_doc())
+    md = markdown(synthetic_doc())
     assert "Command: `python -m quickdraft.bench.controller_phases --phase-seconds 60`" in md
     assert "load average at start [1.0, 1.0, 1.0], at end [2.0, 2.0, 2.0]" in md
     assert "1 stream → 8 streams → 1 stream" in md
@@ -409,9 +428,9 @@ def test_plot_writes_a_png_with_figures_only_statics_too(tmp_path):
     doc = synthetic_doc()
     doc["runs"].append({"label": "p7", "mode": "parallel", "k": 7, "source": "sweep", "phases": [
         {"phase": i, "concurrency": c, "whole": {"tpot_ms_token_weighted": t}, "settled": {"tpot_ms_token_weighted": t}} for i, c, t in ((0, 1, 7.5), (1, 8, 9.5), (2, 1, 7.5))]})
-    path = cp.plot(doc, tmp_path / "phases.png")
+    path = plot(doc, tmp_path / "phases.png")
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
-    xs, ys = cp.rolling_tpot(cp.reqs_of(doc["runs"][0]), 10.0, 0.0, 180.0)
+    xs, ys = rolling_tpot(reqs_of(doc["runs"][0]), 10.0, 0.0, 180.0)
     assert xs[0] == 5.0 and ys[0] == pytest.approx(10.0) and min(ys) == pytest.approx(6.0)
 
 
@@ -430,11 +449,11 @@ class InProcessLauncher:
         self.switched_at: float | None = None
 
     def create(self, conf, overrides):
-        return cp.Started(argv=["in-process", conf.label, *(f"{k}={v}" for k, v in {**dict(conf.overrides), **overrides}.items())], log_path=None)
+        return Started(argv=["in-process", conf.label, *(f"{k}={v}" for k, v in {**dict(conf.overrides), **overrides}.items())], log_path=None)
 
     async def launch(self, h):
         from quickdraft.server.config import load_config
-        from quickdraft.server.grpc_server import QuickdraftServer
+        from quickdraft.server.app import QuickdraftServer
         from tests.bench.fakes import FakeEngine
 
         conf_overrides = dict(kv.split("=", 1) for kv in h.argv[2:])
@@ -442,10 +461,10 @@ class InProcessLauncher:
         cfg.validate()
         made = []
 
-        async def factory(cfg, mode):
+        async def factory(cfg, spec, live=False):
             if made:
                 await asyncio.sleep(self.rebuild_s)
-            made.append(FakeEngine(mode, step_s=0.01))
+            made.append(FakeEngine(spec, live, step_s=0.01))
             return made[-1]
 
         t0 = time.monotonic()
@@ -460,22 +479,21 @@ class InProcessLauncher:
             self._script(server)
 
     def _script(self, server):
-        from quickdraft.server.controller import Decision, SpecConfig
-        from quickdraft.server.controller_loop import config_of
+        from quickdraft.server.controller import Decision
+        from quickdraft.server.speculative import SpecConfig
 
         ctl = server.controller.ctl
         launcher = self
 
         def decide(now=None):
             now = time.time() if now is None else now
-            current = config_of(server.engines.engine.mode)[0]
+            current = server.engines.engine.spec
             if launcher.switched_at is None and server.engines.in_flight() >= 4:
                 launcher.switched_at = now
-                d = Decision("switch", current, SpecConfig.off(), None, 0.3, "test: off at 8 streams", "better", now, load=8.0)
+                d = Decision("switch", current, SpecConfig.off(), SpecConfig.off(), 0.3, "test: off at 8 streams", "better", now, load=8.0)
                 ctl.decisions.add(d)
-                ctl._pending = d
                 return d
-            return Decision("hold", current, current, None, 0.0, "test: hold", "best", now)
+            return Decision("hold", current, current, current, 0.0, "test: hold", "best", now)
 
         ctl.decide = decide
 
@@ -494,7 +512,7 @@ def test_a_short_run_over_fake_engines_end_to_end(tmp_path):
     wspec = WorkloadSpec(tasks=32, seed=1, single_line_max_tokens=12, multi_line_max_tokens=24, cancel_share=0.0, chat_share=0.0)
     launcher = InProcessLauncher(tmp_path)
     t0 = time.monotonic()
-    doc = cp.run_bench(spec, wspec, tmp_path / "out", show_progress=False, launcher=launcher)
+    doc = run_bench(spec, wspec, tmp_path / "out", show_progress=False, launcher=launcher)
     assert time.monotonic() - t0 < 90  # ~15 s on 2 idle cores; a guard against hangs, not a timing verdict
     saved = json.loads((tmp_path / "out" / "phases.json").read_text())
     assert saved["benchmark"] == "controller_phases" and saved["command"] and saved["machine"]["load_average"] and saved["versions"]["quickdraft"]
@@ -508,9 +526,9 @@ def test_a_short_run_over_fake_engines_end_to_end(tmp_path):
         assert [p["concurrency"] for p in r["phases"]] == [1, 8, 1]
         assert all(p["whole"]["failed"] == 0 for p in r["phases"])
         # The load changed on the same server, closed loop: 1 request in flight, then 8, then 1.
-        reqs = cp.reqs_of(r)
+        reqs = reqs_of(r)
         groups = bucket(reqs, schedule(spec.concurrency, spec.phase_seconds), spec.settle_s)
-        assert [cp.max_in_flight(groups[i]["whole"]) for i in range(3)] == [1, 8, 1]
+        assert [max_in_flight(groups[i]["whole"]) for i in range(3)] == [1, 8, 1]
         # Every request counted once, in the phase it started in.
         n = [p["whole"]["requests"] for p in r["phases"]]
         assert n == [len(groups[i]["whole"]) for i in range(3)] and sum(n) == sum(0 <= q.start_s < 3.0 for q in reqs)
@@ -544,7 +562,7 @@ def test_a_short_run_over_fake_engines_end_to_end(tmp_path):
 def test_rounds_run_every_config_again_in_reversed_order(tmp_path):
     spec = PhasesSpec(configs=["p5", "off"], rounds=2, phase_seconds=0.6, settle_s=0.2, warmup_requests=1, poll_s=0.05, state_every_s=0.5)
     wspec = WorkloadSpec(tasks=16, seed=1, single_line_max_tokens=8, multi_line_max_tokens=12, cancel_share=0.0, chat_share=0.0)
-    doc = cp.run_bench(spec, wspec, tmp_path / "out", show_progress=False, launcher=InProcessLauncher(tmp_path))
+    doc = run_bench(spec, wspec, tmp_path / "out", show_progress=False, launcher=InProcessLauncher(tmp_path))
     assert [(r["label"], r["round"]) for r in doc["runs"]] == [("p5", 1), ("off", 1), ("off", 2), ("p5", 2)]
     assert all("error" not in r and len(r["phases"]) == 3 for r in doc["runs"])
     assert doc["verdicts"]["statics"] == ["p5", "off"]  # one entry per config, its rounds pooled

@@ -20,7 +20,7 @@ import tempfile
 import pytest
 
 from quickdraft.bench.calibration import CHECKSUM, best_of, reference_workload
-from quickdraft.server.engine import SpecMode
+from quickdraft.server.speculative import SpecConfig
 from quickdraft.v1 import completion_pb2 as pb
 from tests.bench.fakes import FakeEngine, embedded_prompt_tokens, embedded_tokenizer
 
@@ -67,7 +67,7 @@ def _fim_request() -> pb.CompleteRequest:
 def test_prepare_request(benchmark):
     from quickdraft.prompt_format import FIM_MIDDLE, REPO_NAME
     from quickdraft.server.config import load_config
-    from quickdraft.server.requests import prepare
+    from quickdraft.server.preparation import prepare
 
     cfg = load_config(env={})
     tok = embedded_tokenizer()
@@ -128,13 +128,13 @@ def test_stream_relay_per_token(benchmark):
     cfg = load_config(env={})
     loop = asyncio.new_event_loop()
 
-    async def factory(cfg, mode):
+    async def factory(cfg, spec, live=False):
         # No sleeps: what is timed is the service's own per-token work.
-        return FakeEngine(mode, step_s=0.0, accepted=0, max_tokens=RELAY_TOKENS)
+        return FakeEngine(spec, live, step_s=0.0, accepted=0, max_tokens=RELAY_TOKENS)
 
     manager = EngineManager(cfg, engine_factory=factory)
     service = CompletionService(cfg, manager, Telemetry("embedded"))
-    loop.run_until_complete(manager.start(SpecMode(enabled=True, parallel=True, k=5)))
+    loop.run_until_complete(manager.start(SpecConfig(True, 5)))
     req = pb.CompleteRequest(prefix="def f(x):\n    return ", max_tokens=RELAY_TOKENS)
 
     async def one():
@@ -156,11 +156,10 @@ def test_stream_relay_per_token(benchmark):
 
 def test_controller_decide(benchmark):
     controller = pytest.importorskip("quickdraft.server.controller")
-    sim = pytest.importorskip("quickdraft.server.controller.sim")
+    sim = pytest.importorskip("quickdraft.bench.controller_sim")
 
     engine = sim.SimulatedEngine(cost=sim.CPU_COST, seed=1)
     ctl, clock = sim.calibrated(engine)
-    active = ctl.active_config()
     rng_batch = [1, 1, 2, 4, 4, 8, 3, 1]
     state = {"i": 0}
 
@@ -169,7 +168,7 @@ def test_controller_decide(benchmark):
         i = state["i"] = state["i"] + 1
         clock.advance(1.0)
         batch = rng_batch[i % len(rng_batch)]
-        for obs in engine.requests(ctl.active_schedule or active, batch, 4):
+        for obs in engine.requests(ctl.active_engine, batch, 4):
             ctl.observe(obs)
         ctl.observe_engine(controller.EngineSnapshot(running=batch, kv_cache_usage=0.3))
         d = ctl.decide()

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from quickdraft.bench.gpu.replay_tune_log import main, observations, parse_rows, replay
-from quickdraft.server.controller import SpecConfig
+from quickdraft.server.speculative import SpecConfig
 
-LOG = Path(__file__).resolve().parents[2] / "docs" / "perf" / "h200-tune-2026-12-02.log"
+LOG = Path(__file__).resolve().parents[2] / "docs" / "results" / "h200-tune-2026-12-02.log"
 RATES = [0.72, 0.50, 0.33, 0.21, 0.14, 0.093, 0.062]
 
 
@@ -32,12 +32,11 @@ def test_h200_picks_follow_the_measured_best_k_which_rises_with_the_batch():
     rows = parse_rows(LOG.read_text())
     assert {r["config"].label() for r in rows} >= {"off", "autoregressive K=3", "autoregressive K=5"}
     picks = replay(rows, max_tokens=64, rates_ar=RATES, rates_parallel=RATES, ttft_slo_s={"inline": 0.3}, max_batch=8)
-    for c, (cfg, sched) in picks.items():
+    for c, pick in picks.items():
         best = min((r for r in rows if r["concurrency"] == c), key=lambda r: r["tpot_s"])
-        k_at_c = sched.k_for(c) if sched is not None else cfg.k
-        assert not cfg.parallel and k_at_c == best["config"].k, (c, sched, best["config"].label())
+        assert pick.at(c) == best["config"], (c, pick.label(), best["config"].label())
     # and it is a schedule: K=3 alone, then K=5 from 4 streams
-    assert picks[1][1] is not None and picks[1][1].k_for(1) == 3 and picks[1][1].k_for(8) == 5
+    assert picks[1].at(1) == SpecConfig(False, 3) and picks[1].at(8) == SpecConfig(False, 5)
 
 
 def test_cli_prints_table_and_picks(capsys):
@@ -48,7 +47,7 @@ def test_cli_prints_table_and_picks(capsys):
 
 def test_non_increasing_setting_clamps_the_schedule():
     from quickdraft.server.controller import Controller
-    from quickdraft.server.controller.settings import ControllerSettings, ScheduleSettings
+    from quickdraft.server.config import ControllerSettings, ScheduleSettings
 
     rows = parse_rows(LOG.read_text())
     cands = tuple(dict.fromkeys(r["config"] for r in rows))
@@ -56,8 +55,8 @@ def test_non_increasing_setting_clamps_the_schedule():
     for row in rows:
         for o in observations(row, 64, RATES):
             ctl.observe(o)
-    _, sched, _ = ctl.recommend(8)
-    assert sched is not None and sched.k_for(1) == 3 and sched.k_for(8) == 3
+    engine = ctl.recommend(8).engine
+    assert engine.enabled and engine.k_for(1) == 3 and engine.k_for(8) == 3
 
 
 LOG_03 = LOG.parent / "h200-tune-2026-12-03.log"
@@ -76,11 +75,8 @@ def test_h200_picks_parallel_at_one_stream_and_an_autoregressive_schedule_from_f
     rows = parse_rows(LOG_03.read_text() + "\n" + LOG.read_text())
     picks = replay(rows, max_tokens=64, rates_ar=RATES, rates_parallel=[0.64, 0.40, 0.25, 0.15, 0.10, 0.062, 0.044],
                    ttft_slo_s={"inline": 0.3}, max_batch=8)
-    cfg1, sched1 = picks[1]
-    k1 = sched1.k_for(1) if sched1 is not None else cfg1.k
-    assert cfg1.parallel and k1 in (5, 7)  # within the 2% tie rule of the measured best, K=7
+    assert picks[1].parallel and picks[1].k_for(1) in (5, 7)  # within the 2% tie rule of the measured best, K=7
     for c in (4, 8):
-        cfg, sched = picks[c]
-        assert not cfg.parallel and sched is not None and sched.k_for(c) == 5
+        assert picks[c].at(c) == SpecConfig(False, 5)
     assert main([str(LOG_03), str(LOG)]) == 0
     assert "concurrency 1: parallel" in capsys.readouterr().out

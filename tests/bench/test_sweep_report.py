@@ -17,7 +17,8 @@ def test_the_sweep_covers_every_config_the_issue_names():
     labels = [c.label for c in sweep.all_configs()]
     assert labels == ["off", "ar1", "ar3", "ar5", "ar7", "p1", "p3", "p5", "p7", "controller", "vllm-serve"]
     by = {c.label: c for c in sweep.all_configs()}
-    assert dict(by["ar3"].overrides) == {"speculation.enabled": "true", "speculation.parallel_drafting": "false", "speculation.num_speculative_tokens": "3"}
+    assert dict(by["ar3"].overrides) == {"speculation.enabled": "true", "speculation.parallel_drafting": "false", "speculation.num_speculative_tokens": "3",
+                                         "speculation.live_switching": "false"}  # an engine built for it, as vllm serve runs it
     assert dict(by["p7"].overrides)["speculation.parallel_drafting"] == "true"
     assert dict(by["off"].overrides) == {"speculation.enabled": "false"}
     assert dict(by["controller"].overrides) == {"controller.enabled": "true"}

@@ -34,7 +34,7 @@ async def run_config(label: str, prompts: list[str], out) -> None:
     from vllm.inputs import TokensPrompt
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from quickdraft.server.controller import SpecConfig
+    from quickdraft.server.speculative import SpecConfig
 
     cfg = SpecConfig.parse(label)
     kwargs = dict(model=str(MODELS / "target"), tokenizer=str(MODELS / "target"), dtype="float32",

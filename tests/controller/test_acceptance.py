@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from quickdraft.server.controller import AcceptanceSettings, Observation, SpecConfig
+from quickdraft.bench.controller_sim import SimAcceptance, SimCost, SimulatedEngine, conditional_from_marginal
+from quickdraft.server.config import AcceptanceSettings
+from quickdraft.server.controller import Observation
 from quickdraft.server.controller.acceptance import AcceptanceModel
-from quickdraft.server.controller.sim import SimAcceptance, SimCost, SimulatedEngine, conditional_from_marginal
+from quickdraft.server.speculative import SpecConfig
 
 
 def _feed(model, engine, config, n, batch=1):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import importlib.util
 import math
 
-from quickdraft.server.controller import ProfileKey, ProfileStore, SpecConfig, default_candidates, load_into, run_sweep
+from quickdraft.bench.controller_sim import CROSSING_ACCEPTANCE, CROSSING_COST, FakeClock, SimulatedEngine
+from quickdraft.server.controller import ProfileKey, ProfileStore, load_into, run_sweep
 from quickdraft.server.controller.controller import Controller
-from quickdraft.server.controller.sim import CROSSING_ACCEPTANCE, CROSSING_COST, FakeClock, SimulatedEngine
+from quickdraft.server.speculative import SpecConfig, default_candidates
 
 KEY = ProfileKey("test-cpu", "target", "drafter", "0.32.0")
 
@@ -26,11 +27,11 @@ def test_sweep_measures_config_major_writes_profile_and_picks_start(tmp_path):
     configs = list(default_candidates())
     assert calls == [(c, n) for c in configs for n in (1, 4, 8, 16)]  # one engine per config
     assert len(res.rows) == len(calls) and not res.failed
-    assert res.start_config == SpecConfig(True, 7) and res.start_schedule.k_for(8) <= 3
+    assert res.start.at(1) == SpecConfig(True, 7) and res.start.k_for(8) <= 3
     assert set(res.best) == {1, 4, 8, 16}
     assert res.profile_path == store.path_for(KEY) and res.profile_path.exists()
     fresh = Controller(clock=FakeClock())
-    assert load_into(fresh, store, KEY) and fresh.start_config()[1] == res.start_schedule
+    assert load_into(fresh, store, KEY) and fresh.start_config() == res.start
     # rows summarise what was measured
     row = next(r for r in res.rows if r.config == SpecConfig(True, 7) and r.concurrency == 1)
     assert row.requests == 12 and row.acceptance_length > 2.5
@@ -60,7 +61,7 @@ def test_a_failing_config_does_not_end_the_sweep():
     bad = [r for r in res.rows if r.error]
     assert len(bad) == 2 and all(math.isnan(r.tpot_s) for r in bad)
     assert len(res.failed) == 2 and "engine failed to start" in res.failed[0]
-    assert res.start_config == SpecConfig(True, 7)
+    assert res.start.at(1) == SpecConfig(True, 7)
 
 
 def test_progress_bar_reports_each_run(capsys):

@@ -4,9 +4,9 @@ at 1 stream on the tuned autoregressive schedule ``1-6:K3 7-9:K5 10+:K1``),
 replayed into a controller restored from that machine's tuned profile.
 
 A sixth of these requests came back without per-request draft counters (short
-completions ended by a stop sequence). Filed as one token per step, they put
-autoregressive K=5's TPOT at 2.4 ms against the 6.6 ms the profile measured,
-and the controller rebuilt for a config it believed 64% faster."""
+completions ended by a stop sequence). Filed as one token per step, they would
+put autoregressive K=5's TPOT at a third of what the profile measured, and the
+controller would rebuild for a config it wrongly believes faster."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from quickdraft.server.controller import Controller, ControllerSettings, Observation, SpecConfig
-from quickdraft.server.controller.sim import FakeClock
+from quickdraft.bench.controller_sim import FakeClock
+from quickdraft.server.config import ControllerSettings
+from quickdraft.server.controller import Controller, Observation
+from quickdraft.server.speculative import SpecConfig
 
 DATA = Path(__file__).parent / "data"
 
@@ -35,5 +37,5 @@ def test_requests_without_draft_counters_do_not_distort_the_recorded_run():
         for config, before in profile_only.items():
             # live data re-levels the profile by its drift; it must not reorder it threefold
             assert ctl.estimator.predict(config, 1.0).tpot_s == pytest.approx(before, rel=0.3), (config, line["t"])
-    config, _, _ = ctl.recommend(1.0)
+    config = ctl.recommend(1.0).config
     assert config == SpecConfig(False, 3)  # what the tune measured best at 1 stream, and the live trace ran

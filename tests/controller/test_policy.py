@@ -10,18 +10,7 @@ import dataclasses
 
 import pytest
 
-from quickdraft.server.controller import (
-    Controller,
-    ControllerSettings,
-    EngineSnapshot,
-    ExplorationSettings,
-    HysteresisSettings,
-    ScheduleSettings,
-    SLOSettings,
-    SpecConfig,
-    default_candidates,
-)
-from quickdraft.server.controller.sim import (
+from quickdraft.bench.controller_sim import (
     CPU_COST,
     CROSSING_ACCEPTANCE,
     CROSSING_COST,
@@ -32,6 +21,9 @@ from quickdraft.server.controller.sim import (
     SimulatedEngine,
     calibrated,
 )
+from quickdraft.server.config import ControllerSettings, ExplorationSettings, HysteresisSettings, SLOSettings, ScheduleSettings
+from quickdraft.server.controller import Controller, EngineSnapshot
+from quickdraft.server.speculative import SpecConfig, default_candidates
 
 CANDIDATES = default_candidates()
 
@@ -50,14 +42,14 @@ def test_picks_large_parallel_k_at_batch_1_and_smaller_k_at_batch_8(seed):
     assert eng.best_static([c for c in CANDIDATES if c.parallel], 1) == SpecConfig(True, 7)
     assert eng.best_static([c for c in CANDIDATES if c.parallel], 8).k <= 3
     ctl, _ = calibrated(eng)
-    one, sched1, _ = ctl.recommend(1)
-    eight, _, _ = ctl.recommend(8)
+    sched1 = ctl.recommend(1).engine
+    one, eight = sched1.at(1), ctl.recommend(8).config
     assert one == SpecConfig(True, 7)
     assert eight.k <= 3 and eight != one
     assert _true_excess(eng, eight, 8) < 0.05  # within 5% of the best static config at 8
     # one engine covers both: the per-batch-size schedule drops K as batches grow
     assert sched1.k_for(1) == 7 and sched1.k_for(8) <= 3
-    assert all(a[2] >= b[2] for a, b in zip(sched1.ranges, sched1.ranges[1:]))
+    assert all(a[2] >= b[2] for a, b in zip(sched1.per_batch_size, sched1.per_batch_size[1:]))
 
 
 def test_cpu_like_costs_turn_speculation_off_at_high_load():
@@ -65,43 +57,45 @@ def test_cpu_like_costs_turn_speculation_off_at_high_load():
     assert eng.best_static(CANDIDATES, 1) == SpecConfig(False, 3)
     assert eng.best_static(CANDIDATES, 16) == SpecConfig.off()
     ctl, _ = calibrated(eng)
-    assert ctl.recommend(1)[0] == SpecConfig(False, 3)
-    assert ctl.recommend(16)[0] == SpecConfig.off()
+    assert ctl.recommend(1).config == SpecConfig(False, 3)
+    assert ctl.recommend(16).config == SpecConfig.off()
 
 
 def test_ttft_slo_excludes_configs():
     cost = dataclasses.replace(CPU_COST, prefill_s=0.005, noise=0.05)
     eng = SimulatedEngine(cost, SimAcceptance(), seed=0, classes=("inline",))
     free, _ = calibrated(eng, ControllerSettings(slo=SLOSettings(ttft_s={})))
-    assert free.recommend(1)[0] == SpecConfig(False, 3)  # fastest, but its p95 TTFT is ~26 ms
+    assert free.recommend(1).config == SpecConfig(False, 3)  # fastest, but its p95 TTFT is ~26 ms
     limit = 0.0255
     eng = SimulatedEngine(cost, SimAcceptance(), seed=0, classes=("inline",))
     ctl, _ = calibrated(eng, ControllerSettings(slo=SLOSettings(ttft_s={"inline": limit})))
-    cfg, _, pred = ctl.recommend(1)
+    pick = ctl.recommend(1)
+    cfg, pred = pick.config, pick.prediction
     assert cfg == SpecConfig(False, 1)
     assert pred.feasible and eng.true_ttft_p95(cfg, 1) <= limit
     excluded = {p.config for p in ctl.candidates(1) if not p.feasible}
     assert SpecConfig(False, 3) in excluded and SpecConfig(True, 7) in excluded
     # the state says which candidates miss the SLO
-    cands = {c["config"]: c for c in ctl.state()["candidates"]}
-    assert cands["autoregressive K=3"]["meets_slo"] is False and cands["autoregressive K=1"]["meets_slo"]
+    cands = {p.config: p for p in ctl.state().predictions}
+    assert not cands[SpecConfig(False, 3)].feasible and cands[SpecConfig(False, 1)].feasible
 
 
 def test_unmeetable_slo_picks_the_least_violating():
     eng = SimulatedEngine(CPU_COST, SimAcceptance(), seed=0, classes=("inline",))
     ctl, _ = calibrated(eng, ControllerSettings(slo=SLOSettings(ttft_s={"inline": 0.001})))
-    cfg, _, pred = ctl.recommend(1)
+    pick = ctl.recommend(1)
+    cfg, pred = pick.config, pick.prediction
     assert not pred.feasible
     ttfts = {p.config: p.ttft_s["inline"] for p in ctl.candidates(1)}
     assert ttfts[cfg] == min(ttfts.values())
 
 
 def test_a_profile_measured_under_another_workload_does_not_pull_it_off_the_best():
-    """The tune's workload ran 1.6x faster steps than live traffic (the phases
-    benchmark saw this at 8 streams). Live off was then compared with the
-    profile's speculative configs and lost: off -> AR K=1 -> parallel K=1 ->
-    AR K=3 in two minutes, every switch wrong. Re-levelled by the drift that
-    off's own live/profile ratio shows, off stays, as it should at 16."""
+    """The tune's workload runs 1.6x faster steps than live traffic. Compared
+    as they are, live off loses to the profile's speculative configs and the
+    controller switches away from the best, every switch wrong. Re-levelled
+    by the drift that off's own live/profile ratio shows, off stays, as it
+    should at 16."""
     st = ControllerSettings(exploration=ExplorationSettings(enabled=False))
     tuned, _ = calibrated(SimulatedEngine(CPU_COST, SimAcceptance(), seed=0), st)
     clock = FakeClock()
@@ -113,7 +107,7 @@ def test_a_profile_measured_under_another_workload_does_not_pull_it_off_the_best
     tr = Harness(ctl, live, clock).run([Phase(16, 120)])
     assert tr.switches == 0, [d.reason for d in tr.decisions if d.action != "hold"]
     assert ctl.estimator.step.drift(16) == pytest.approx(1.6, rel=0.1)
-    assert ctl.recommend(16)[0] == SpecConfig.off()
+    assert ctl.recommend(16).config == SpecConfig.off()
 
 
 # -- stability ---------------------------------------------------------------
@@ -149,10 +143,10 @@ def test_exploration_is_bounded_and_finds_the_best_from_a_cold_start():
     ctl = Controller(clock=clock)  # no profile: starts with speculation off, knows nothing
     duration = 600
     tr = Harness(ctl, eng, clock, decide_every=2).run([Phase(1, duration)])
-    ex = ctl.state()["exploration"]
+    ex = ctl.state().exploration
     settings = ExplorationSettings()
-    assert 1 <= ex["probes"] <= 4
-    assert ex["spent_s"] <= settings.initial_allowance_s + settings.max_share * duration
+    assert 1 <= ex.probes <= 4
+    assert ex.spent_s <= settings.initial_allowance_s + settings.max_share * duration
     # it found parallel K=7 and spent most of the run within 5% of it
     late = [t for t in tr.ticks if t.t - tr.ticks[0].t > 120]
     good = sum(t.true_tpot_s <= t.best_tpot_s * 1.05 for t in late) / len(late)
@@ -194,7 +188,7 @@ def test_acceptance_shift_moves_to_a_smaller_k():
     ctl, clock = calibrated(eng)
     assert ctl.active_config(1) == SpecConfig(False, 3)
     tr = Harness(ctl, eng, clock, decide_every=2).run([Phase(1, 40), Phase(1, 160, acceptance=worse)])
-    assert any(e["kind"] == "acceptance_shift" for e in ctl.state()["events"])
+    assert any(e.kind == "acceptance_shift" for e in ctl.state().events)
     assert tr.observations_to_converge(1) is not None and tr.observations_to_converge(1) <= 400
     assert tr.ticks[-1].config == SpecConfig(False, 1)
     assert tr.switches <= 2
@@ -213,10 +207,10 @@ def test_kv_pressure_reduces_k_before_anything_fails_then_recovers():
     first = fb[0]
     assert first.reason_code == "kv_pressure" and "KV cache 95%" in first.reason
     assert first.current.k == 7 and first.target == SpecConfig(True, 5)  # one candidate step: 7 -> 5
-    assert first.schedule.max_k == 5
+    assert first.engine.max_k == 5
     assert all(d.action == "fallback" for d in tr.decisions if d.action != "hold" and d.timestamp < first.timestamp + 20)
     # pressure gone: the cap is lifted and the controller climbs back to K=7
-    assert any(e["kind"] == "kv_release" for e in ctl.state()["events"])
+    assert any(e.kind == "kv_release" for e in ctl.state().events)
     assert tr.ticks[-1].config == SpecConfig(True, 7)
 
 
@@ -238,7 +232,7 @@ def test_acceptance_collapse_turns_speculation_off_with_a_reason():
         [Phase(1, 60), Phase(1, 240, acceptance=SimAcceptance.collapsed())])
     fb = [d for d in tr.actions("fallback") if d.reason_code == "acceptance_collapse"]
     assert len(fb) == 1
-    assert fb[0].target == SpecConfig.off() and fb[0].schedule is None
+    assert fb[0].target == SpecConfig.off() and fb[0].engine == SpecConfig.off()
     assert "acceptance collapsed" in fb[0].reason and "speculation off" in fb[0].reason
     phase1 = tr.phase_ticks(1)
     hit = next(i for i, t in enumerate(phase1) if t.action == "fallback")
@@ -248,8 +242,8 @@ def test_acceptance_collapse_turns_speculation_off_with_a_reason():
     assert all(not t.config.enabled for t in phase1[hit + rebuild + 1:])
     assert not [d for d in tr.decisions if d.action == "explore" and d.timestamp > fb[0].timestamp]
     state = ctl.state()
-    assert state["fallback"]["reason"].startswith("acceptance collapsed")
-    assert state["fallback"]["speculation_blocked_for_s"] > 0
+    assert state.fallback.reason.startswith("acceptance collapsed")
+    assert state.fallback.speculation_blocked_for_s > 0
 
 
 def test_no_collapse_alarm_on_a_weak_but_working_drafter():
@@ -306,7 +300,7 @@ def test_failed_switch_is_not_retried_at_once():
         ctl.observe_engine(EngineSnapshot(running=1))
         d = ctl.decide()
         assert d.target != SpecConfig(True, 7)
-    assert any("out of memory" in e["detail"] for e in ctl.state()["events"])
+    assert any("out of memory" in e.detail for e in ctl.state().events)
 
 
 def _switch_after_dwell(ctl, clock, load: float):
@@ -336,14 +330,14 @@ def test_a_warm_engine_within_the_margin_is_preferred_to_a_rebuild():
     # the same situation with the runner-up already built on standby: switch to it
     ctl2, clock2 = calibrated(eng, settings)
     ctl2.activate(SpecConfig.off())
-    ctl2.set_warm([(runner.config, None)])
+    ctl2.set_warm([runner.config])
     d2 = _switch_after_dwell(ctl2, clock2, 1)
     assert d2.action == "switch" and d2.target == runner.config, d2.reason
     # a warm engine clearly slower than the best is not taken
     far = next(p for p in preds if p.tpot_s > best.tpot_s * (1 + margin) and p.config != SpecConfig.off())
     ctl3, clock3 = calibrated(eng, settings)
     ctl3.activate(SpecConfig.off())
-    ctl3.set_warm([(far.config, None)])
+    ctl3.set_warm([far.config])
     d3 = _switch_after_dwell(ctl3, clock3, 1)
     assert d3.action == "switch" and d3.target == best.config
 
@@ -351,8 +345,7 @@ def test_a_warm_engine_within_the_margin_is_preferred_to_a_rebuild():
 def test_a_warm_engine_needs_only_the_warm_margin():
     """A switch to a warm engine is instant, so a gain below the rebuild
     margin but above ``warm_margin`` is taken; the same gain with the warm
-    margin set to the full margin is held (eleventh phases run: a config
-    5-15% slower than the warm one was held at 1 stream)."""
+    margin set to the full margin is held."""
     eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
     active, warm = SpecConfig(False, 3), SpecConfig(False, 1)
 
@@ -360,7 +353,7 @@ def test_a_warm_engine_needs_only_the_warm_margin():
         hy = HysteresisSettings(margin=0.10, warm_margin=warm_margin, confidence_z=0.0)
         ctl, clock = calibrated(eng, ControllerSettings(schedule=ScheduleSettings(enabled=False), hysteresis=hy))
         ctl.activate(active)
-        ctl.set_warm([(warm, None)])
+        ctl.set_warm([warm])
         preds = {p.config: p.tpot_s for p in ctl.candidates(8)}
         gain = (preds[active] - preds[warm]) / preds[active]
         assert min(preds.values()) == preds[warm] and 0.03 < gain < 0.10  # the scenario
@@ -390,6 +383,40 @@ def test_no_probe_builds_an_engine_under_full_load():
     assert any(d.action == "explore" for d in run(16.0)[1])
 
 
+def test_every_setting_a_live_engine_can_run_needs_only_the_warm_margin():
+    """A live engine switches between two steps: no standby list, a predicate."""
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    active, best = SpecConfig(False, 3), SpecConfig(False, 1)
+
+    def decision(live) -> object:
+        hy = HysteresisSettings(margin=0.10, warm_margin=0.03, confidence_z=0.0)
+        ctl, clock = calibrated(eng, ControllerSettings(schedule=ScheduleSettings(enabled=False), hysteresis=hy))
+        ctl.activate(active)
+        ctl.set_warm([], live=live)
+        return _switch_after_dwell(ctl, clock, 8)
+
+    d = decision(lambda spec: not spec.parallel)  # this engine drafts autoregressively only
+    assert d.action == "switch" and d.engine == best, d.reason
+    held = decision(lambda spec: spec.parallel)  # the better setting needs another engine
+    assert held.action == "hold", held.reason
+
+
+def test_probes_on_a_live_engine_run_under_full_load_and_cost_no_build():
+    """A probe there is a switch, not a build: it may start at any load, and
+    only the time it runs is taken from the exploration budget."""
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
+    clock = FakeClock()
+    ctl = Controller(ControllerSettings(exploration=ExplorationSettings(max_load_for_build=2.0)), clock=clock)
+    ctl.set_warm([], live=lambda spec: True)
+    decisions = Harness(ctl, eng, clock, decide_every=2).run([Phase(8, 300)]).decisions
+    probes = [d for d in decisions if d.action == "explore"]
+    assert probes, "no probe at 8 streams although every candidate is a live switch"
+    state = ctl.state().exploration
+    assert state.probes == len(probes)
+    rebuild_cost = ctl.settings.exploration.rebuild_cost_s
+    assert state.spent_s < state.probes * 2 * rebuild_cost, "a live probe was charged a rebuild"
+
+
 def test_a_warm_engine_beyond_the_margin_is_taken_when_a_rebuild_would_cost_more():
     """Building the best takes R seconds while the active engine keeps
     serving; over the load's horizon H a warm engine outside the margin can
@@ -406,14 +433,14 @@ def test_a_warm_engine_beyond_the_margin_is_taken_when_a_rebuild_would_cost_more
     # the scenario: outside the margin, but faster over the horizon once the rebuild is slow
     assert horizon * preds[far] <= slow_rebuild * preds[SpecConfig.off()] + (horizon - slow_rebuild) * preds[best]
     assert horizon * preds[far] > 15.0 * preds[SpecConfig.off()] + (horizon - 15.0) * preds[best]
-    ctl.set_warm([(far, None)])
-    ctl.rebuild_s = slow_rebuild
+    ctl.set_warm([far])
+    ctl.rebuild.seconds = slow_rebuild
     d = _switch_after_dwell(ctl, clock, 1)
     assert d.action == "switch" and d.target == far, d.reason
     # with the default 15-s rebuild the best is built instead (the margin test above covers the rest)
     ctl2, clock2 = calibrated(eng, settings)
     ctl2.activate(SpecConfig.off())
-    ctl2.set_warm([(far, None)])
+    ctl2.set_warm([far])
     d2 = _switch_after_dwell(ctl2, clock2, 1)
     assert d2.action == "switch" and d2.target == best
 
@@ -433,23 +460,23 @@ def test_a_build_that_slows_the_serving_engine_makes_the_warm_engine_worth_more(
                if c != SpecConfig.off() and preds[c] > preds[best] * 1.10
                and horizon * preds[c] > rebuild * off + (horizon - rebuild) * preds[best]
                and horizon * preds[c] <= rebuild * slowdown * off + (horizon - rebuild) * preds[best])
-    ctl.set_warm([(far, None)])
-    ctl.rebuild_s = rebuild
+    ctl.set_warm([far])
+    ctl.rebuild.seconds = rebuild
     d = _switch_after_dwell(ctl, clock, 1)
     assert d.action == "switch" and d.target == best  # at full speed the rebuild pays
     ctl2, clock2 = calibrated(eng, settings)
     ctl2.activate(SpecConfig.off())
-    ctl2.set_warm([(far, None)])
-    ctl2.rebuild_s = rebuild
+    ctl2.set_warm([far])
+    ctl2.rebuild.seconds = rebuild
     for _ in range(30):  # requests served during builds at 3x the model's TPOT for off
         ctl2.observe_during_build(3.0 * off, 1.0)
-    assert ctl2.build_slowdown == pytest.approx(3.0, rel=0.01)
+    assert ctl2.rebuild.slowdown == pytest.approx(3.0, rel=0.01)
     d2 = _switch_after_dwell(ctl2, clock2, 1)
     assert d2.action == "switch" and d2.target == far, d2.reason
     # measured once, it survives a restart with the profile
     fresh = Controller(ctl2.settings, clock=clock2)
     fresh.restore(ctl2.profile_dict())
-    assert fresh.build_slowdown == pytest.approx(3.0, rel=0.01) and fresh.state()["rebuild"]["serving_slowdown"] == pytest.approx(3.0, rel=0.01)
+    assert fresh.rebuild.slowdown == pytest.approx(3.0, rel=0.01) and fresh.state().rebuild.slowdown == pytest.approx(3.0, rel=0.01)
 
 
 def test_a_rebuild_that_would_not_pay_back_within_the_horizon_is_not_made():
@@ -462,18 +489,18 @@ def test_a_rebuild_that_would_not_pay_back_within_the_horizon_is_not_made():
     settings = ControllerSettings(schedule=ScheduleSettings(enabled=False))
     ctl, clock = calibrated(eng, settings)
     ctl.activate(SpecConfig.off())
-    ctl.rebuild_s = 40.0
+    ctl.rebuild.seconds = 40.0
     d = _switch_after_dwell(ctl, clock, 1)
     assert d.action == "switch" and d.target != SpecConfig.off()
     gain = d.predicted_gain
     ctl2, clock2 = calibrated(eng, settings)
     ctl2.activate(SpecConfig.off())
-    ctl2.rebuild_s, ctl2.build_slowdown = 40.0, 3.0
+    ctl2.rebuild.seconds, ctl2.rebuild.slowdown = 40.0, 3.0
     d2 = _switch_after_dwell(ctl2, clock2, 1)
     assert d2.action == "hold" and d2.reason_code == "rebuild_cost", d2.reason
     assert "would not pay back within 120 s" in d2.reason
     # a gain large enough pays even so: with a 5-s build, R * s = 15 s of the horizon
-    ctl2.rebuild_s = 5.0
+    ctl2.rebuild.seconds = 5.0
     assert 5.0 * 3.0 + 115.0 * (1 - gain) < 120.0  # the same gain now pays back
     d3 = _switch_after_dwell(ctl2, clock2, 1)
     assert d3.action == "switch" and d3.target == d.target
@@ -483,56 +510,50 @@ def test_rebuild_time_is_measured_and_remembered():
     eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
     ctl, clock = calibrated(eng, ControllerSettings(schedule=ScheduleSettings(enabled=False)))
     ctl.activate(SpecConfig.off())
-    assert ctl.rebuild_s == ctl.settings.exploration.rebuild_cost_s
+    assert ctl.rebuild.seconds == ctl.settings.exploration.rebuild_cost_s
     d = _switch_after_dwell(ctl, clock, 1)
     assert d.action == "switch"
     clock.advance(42.0)
     ctl.applied(d)
-    assert ctl.rebuild_s == pytest.approx(42.0)
+    assert ctl.rebuild.seconds == pytest.approx(42.0)
     fresh = Controller(ctl.settings, clock=clock)
     fresh.restore(ctl.profile_dict())
-    assert fresh.rebuild_s == pytest.approx(42.0)
+    assert fresh.rebuild.seconds == pytest.approx(42.0)
     # a later rebuild moves the estimate, it does not replace it
     fresh.activate(SpecConfig.off())
     d = _switch_after_dwell(fresh, clock, 1)
     assert d.action == "switch"
     clock.advance(20.0)
     fresh.applied(d)
-    assert fresh.rebuild_s == pytest.approx(31.0)
+    assert fresh.rebuild.seconds == pytest.approx(31.0)
 
 
 def test_leaving_for_the_slo_waits_the_full_dwell_even_after_a_load_change():
     """After a load change the dwell shortens, so the controller can follow the
     load. Leaving for the TTFT SLO does not get that: the engine switched to
     is judged on its first requests, while its prefix cache is still cold."""
-    from quickdraft.server.controller.controller import _ModePlan
-    from quickdraft.server.controller.estimator import Prediction
-    from quickdraft.server.controller.spec import AUTOREGRESSIVE, OFF, KSchedule
+    from quickdraft.server.controller.estimator import Plan, Prediction
+    from quickdraft.server.controller.policy import Policy, SwitchTimes
+    from quickdraft.server.controller.rebuild_cost import RebuildCost
 
     eng = SimulatedEngine(CPU_COST, SimAcceptance(), seed=0)
-    ctl, clock = calibrated(eng)
-    ctl.activate(SpecConfig.off())
+    ctl, clock = calibrated(eng, ControllerSettings(exploration=ExplorationSettings(enabled=False)))
     hy = ctl.settings.hysteresis
-    switched = clock.t
-    ctl._last_switch_at = ctl._last_switch_decided_at = switched
-    ctl._last_load_change_at = switched + 1.0  # the load rose after the switch
     off, ar7 = SpecConfig.off(), SpecConfig(False, 7)
-    over = _ModePlan(OFF, None, Prediction(off, 8.0, 0.015, 1.0, 1.0, 1.0, 0.015, {"inline": 0.5}, slo_excess=1.7))
-    meets = _ModePlan(AUTOREGRESSIVE, KSchedule.uniform(ar7, 16),
-                      Prediction(ar7, 8.0, 0.08, 3.0, 2.8, 3.2, 0.027, {"inline": 0.25}, slo_excess=0.8))
-    ctl._plans = lambda now, load: [over, meets]
-    ctl._active_plan = lambda load: over
-    ctl._prefer_warm = lambda now, load, best, active: best
-    ctl._trusted = lambda mode: True
-    decisions = []
-    while clock.t < switched + hy.min_dwell_s + 5:
-        clock.advance(2.0)
-        ctl.observe_engine(EngineSnapshot(running=8))
-        d = ctl.decide()
-        decisions.append((clock.t - switched, d))
-        if d.action != "hold":
+    over = Plan(off, Prediction(off, 8.0, 0.015, 1.0, 1.0, 1.0, 0.015, {"inline": 0.5}, slo_excess=1.7))
+    meets = Plan(ar7, Prediction(ar7, 8.0, 0.08, 3.0, 2.8, 3.2, 0.027, {"inline": 0.25}, slo_excess=0.8))
+    policy = Policy(ctl.settings, RebuildCost(15.0))
+    policy.plans = lambda estimator, load, **_: [over, meets]
+    switched = clock.t
+    times = SwitchTimes(switched_at=switched, decided_at=switched, load_changed_at=switched + 1.0)  # the load rose after the switch
+    verdicts, now = [], switched
+    while now < switched + hy.min_dwell_s + 5:
+        now += 2.0
+        v = policy.judge(ctl.estimator, now, 8.0, over, times, warm=(), k_cap=None, banned=lambda c: False)
+        verdicts.append((now - switched, v))
+        if v.action != "hold":
             break
-    first_switch = next(t for t, d in decisions if d.action == "switch")
+    first_switch = next(t for t, v in verdicts if v.action == "switch")
     assert first_switch >= hy.min_dwell_s > hy.min_dwell_after_load_change_s
-    assert any(d.reason_code == "dwell" and "meets the TTFT SLO" in d.reason for t, d in decisions)
-    assert decisions[-1][1].reason_code == "slo"
+    assert any(v.code == "dwell" and "meets the TTFT SLO" in v.reason for t, v in verdicts)
+    assert verdicts[-1][1].code == "slo"

@@ -8,16 +8,16 @@ import logging
 
 import pytest
 
+from quickdraft.bench.controller_sim import CROSSING_ACCEPTANCE, CROSSING_COST, FakeClock, SimulatedEngine, calibrated
 from quickdraft.server.controller import (
     Controller,
     EngineSnapshot,
     ProfileKey,
     ProfileStore,
-    SpecConfig,
     load_into,
     save_from,
 )
-from quickdraft.server.controller.sim import CROSSING_ACCEPTANCE, CROSSING_COST, FakeClock, SimulatedEngine, calibrated
+from quickdraft.server.speculative import SpecConfig
 
 KEY = ProfileKey("AMD EPYC (2 cores)", "quickdraft/embedded-target", "drafter-p-eagle", "0.32.0")
 
@@ -33,17 +33,17 @@ def test_round_trip_restores_config_and_estimates(tmp_path, tuned):
     store = ProfileStore(tmp_path)
     path = save_from(tuned, store, KEY)
     assert path.parent == tmp_path and path.name.endswith(".json")
-    assert tuned.state()["profile_path"] == str(path)
+    assert tuned.state().profile_path == str(path)
     fresh = Controller(clock=FakeClock())
-    assert fresh.start_config()[0] == SpecConfig.off()
+    assert fresh.start_config() == SpecConfig.off()
     assert load_into(fresh, store, KEY)
-    cfg, sched = fresh.start_config()
-    assert sched is not None and sched == tuned.active_schedule
-    assert cfg == SpecConfig(True, 7)
+    start = fresh.start_config()
+    assert not start.is_uniform and start == tuned.active_engine
+    assert start.at(1) == SpecConfig(True, 7)
     for load in (1, 8):
         a, b = fresh.recommend(load), tuned.recommend(load)
-        assert a[0] == b[0] and a[1] == b[1]
-        assert a[2].tpot_s == pytest.approx(b[2].tpot_s, rel=1e-3)
+        assert a.engine == b.engine
+        assert a.prediction.tpot_s == pytest.approx(b.prediction.tpot_s, rel=1e-3)
     assert fresh.estimator.acceptance.expected_length("parallel", 5) == pytest.approx(
         tuned.estimator.acceptance.expected_length("parallel", 5), rel=1e-3)
 
@@ -53,7 +53,7 @@ def test_missing_profile_is_not_an_error(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         assert not load_into(ctl, ProfileStore(tmp_path / "nowhere"), KEY)
     assert "no tuned profile" in caplog.text
-    assert ctl.start_config()[0] == SpecConfig.off()
+    assert ctl.start_config() == SpecConfig.off()
 
 
 @pytest.mark.parametrize("content", [
@@ -71,7 +71,7 @@ def test_corrupt_or_foreign_files_are_logged_and_ignored(tmp_path, caplog, conte
     with caplog.at_level(logging.WARNING):
         assert not load_into(ctl, store, KEY)
     assert "ignoring" in caplog.text
-    assert ctl.start_config()[0] == SpecConfig.off()
+    assert ctl.start_config() == SpecConfig.off()
 
 
 def test_bad_contents_with_the_right_key_are_ignored(tmp_path, caplog, tuned):
@@ -83,7 +83,7 @@ def test_bad_contents_with_the_right_key_are_ignored(tmp_path, caplog, tuned):
     ctl = Controller(clock=FakeClock())
     with caplog.at_level(logging.WARNING):
         assert not load_into(ctl, store, KEY)
-    assert ctl.start_config()[0] == SpecConfig.off()
+    assert ctl.start_config() == SpecConfig.off()
     assert not ctl.estimator.ready  # nothing half-loaded
 
 
@@ -135,7 +135,7 @@ def test_a_kv_cut_to_off_is_not_remembered_as_good():
     d = ctl.decide()
     assert d.action == "fallback" and d.target == SpecConfig.off()
     ctl.applied(d)
-    assert ctl.start_config()[0] == SpecConfig(True, 1) != good[0]
+    assert ctl.start_config() == SpecConfig(True, 1) != good
 
 
 def test_a_profile_belongs_to_the_weights_not_only_to_their_path(tmp_path):
@@ -158,3 +158,22 @@ def test_a_profile_belongs_to_the_weights_not_only_to_their_path(tmp_path):
     # A hub name is not a folder here: kept as it is.
     assert weights_fingerprint("Qwen/Qwen3-Coder-30B-A3B-Instruct") is None
     assert with_fingerprint("Qwen/Qwen3-Coder-30B-A3B-Instruct") == "Qwen/Qwen3-Coder-30B-A3B-Instruct"
+
+
+def test_a_profile_saved_with_a_schedule_dict_still_loads():
+    """Profiles written before the one config type kept a per-step label and a
+    ``schedule`` dict of (min_batch, max_batch, K) ranges."""
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "data" / "intel_tune_profile.json").read_text())
+    assert data["config"] == "autoregressive K=5" and "engine" not in data
+    ctl = Controller(clock=FakeClock())
+    ctl.restore(data)
+    start = SpecConfig.scheduled(False, [(1, 6, 3), (7, 9, 5), (10, 16, 1)])
+    assert ctl.start_config() == start and ctl.active_engine == start
+    assert ctl.rebuild.seconds == pytest.approx(19.477, abs=1e-3) and ctl.rebuild.measured
+    saved = ctl.profile_dict()
+    assert saved["engine"] == start.to_dict() and saved["config"] == "autoregressive 1-6:K3 7-9:K5 10+:K1"
+    fresh = Controller(clock=FakeClock())
+    fresh.restore(saved)
+    assert fresh.start_config() == start

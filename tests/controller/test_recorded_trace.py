@@ -18,16 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from quickdraft.server.controller import (
-    Controller,
-    ControllerSettings,
-    Observation,
-    SpecConfig,
-    default_candidates,
-    run_sweep,
-)
+from quickdraft.bench.controller_sim import FakeClock, Harness, Phase, TraceEngine
+from quickdraft.server.config import ControllerSettings
+from quickdraft.server.controller import Controller, Observation, run_sweep
 from quickdraft.server.controller._linalg import median, quantile
-from quickdraft.server.controller.sim import FakeClock, Harness, Phase, TraceEngine
+from quickdraft.server.speculative import SpecConfig, default_candidates
 
 TRACE = Path(__file__).parent / "data" / "cpu_embedded_trace.jsonl"
 SLO = ControllerSettings().slo.ttft_s["inline"]
@@ -108,7 +103,7 @@ def test_acceptance_estimates_match_measured_tokens_per_step(tuned):
 
 
 def test_step_model_fits_real_timings(tuned):
-    errors = sorted(abs(tuned.estimator.tpot(cfg, c) / _tpot(cfg, c) - 1) for cfg, c in RECORDED)
+    errors = sorted(abs(tuned.estimator.predict(cfg, c).tpot_s / _tpot(cfg, c) - 1) for cfg, c in RECORDED)
     assert median(errors) <= 0.10
     assert sum(e <= 0.20 for e in errors) >= len(errors) - 3  # the disturbed cells may miss
 
@@ -118,7 +113,7 @@ def test_predicts_a_config_it_never_ran(held_out):
     ctl = _sweep(skip=(held_out,))
     assert ctl.estimator.step.count(held_out.mode, held_out.k) == 0
     for c in CONCURRENCY:
-        assert ctl.estimator.tpot(held_out, c) == pytest.approx(_tpot(held_out, c), rel=0.2), c
+        assert ctl.estimator.predict(held_out, c).tpot_s == pytest.approx(_tpot(held_out, c), rel=0.2), c
 
 
 def test_ttft_slo_verdicts_agree_with_the_recording(tuned):
@@ -155,7 +150,7 @@ def test_cold_start_on_the_recording_is_bounded_and_settles():
     clock = FakeClock()
     ctl = Controller(clock=clock)
     tr = Harness(ctl, eng, clock, decide_every=2, candidates=default_candidates()).run([Phase(1, 660)])
-    assert ctl.state()["exploration"]["probes"] <= 3
+    assert ctl.state().exploration.probes <= 3
     changes = [d for d in tr.decisions if d.action != "hold"]
     assert len(changes) <= 8
     # no flapping: the config it settles on is never left and re-entered later

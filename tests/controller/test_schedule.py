@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from quickdraft.server.controller import ControllerSettings, ScheduleSettings, SpecConfig
+from quickdraft.server.config import ControllerSettings, ScheduleSettings
 from quickdraft.server.controller.estimator import Estimator
+from quickdraft.server.speculative import SpecConfig
 
 
 def _estimator(tpot_per_k, tolerance: float | None = None) -> Estimator:
@@ -18,7 +19,6 @@ def _estimator(tpot_per_k, tolerance: float | None = None) -> Estimator:
     est.refit = lambda: None  # nothing observed: the step and acceptance models below stand in
     est.step.predict = lambda mode, k, b, local=True: tpot_per_k(b, k)
     est.expected_length = lambda mode, k, bound="mean": 1.0
-    est._constrained = lambda: (None, [])
     return est
 
 
@@ -34,13 +34,13 @@ def test_noise_between_batch_sizes_does_not_make_the_schedule_zig_zag():
     sched = _estimator(_noisy).best_schedule(False)
     assert sched is not None
     # one K (the batch-1 winner, K=5) until K=1 is clearly faster
-    assert [k for _, _, k in sched.ranges] == [5, 1], sched.ranges
+    assert [k for _, _, k in sched.per_batch_size] == [5, 1], sched.per_batch_size
     assert sched.k_for(11) == 5 and sched.k_for(12) == 1
 
 
 def test_without_the_tolerance_the_same_predictions_zig_zag():
     sched = _estimator(_noisy, tolerance=0.0).best_schedule(False)
-    assert sched is not None and len(sched.ranges) > 3, sched.ranges
+    assert sched is not None and len(sched.per_batch_size) > 3, sched.per_batch_size
 
 
 def test_tolerance_is_validated():

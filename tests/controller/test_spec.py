@@ -1,4 +1,5 @@
-"""SpecConfig and KSchedule: labels, validation, and vLLM 0.32's schedule semantics."""
+"""SpecConfig, per step and per engine: labels, validation, vLLM 0.32's
+per-batch-size schedule semantics, and old profiles' schedule dicts."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from quickdraft.server.controller import KSchedule, SpecConfig, default_candidates, engine_speculative_config
+from quickdraft.server.speculative import SpecConfig, default_candidates
 
 
 def test_labels_round_trip_and_off_is_unique():
@@ -43,28 +44,40 @@ def test_parse_error_gives_an_example():
     (((2, 4, 3),), "start at batch 1"),
     (((1, 4, 3), (4, 8, 1)), "non-overlapping"),
     (((1, 0, 3),), "min_batch <= max_batch"),
-    (((1, 8, 0),), "speculation off"),
 ])
 def test_schedule_validation(ranges, msg):
     with pytest.raises(ValueError, match=msg):
-        KSchedule(True, ranges)
+        SpecConfig.scheduled(True, ranges)
+
+
+def test_a_schedule_of_one_k_is_that_k_and_of_k0_is_off():
+    assert SpecConfig.scheduled(True, ((1, 8, 5),)) == SpecConfig(True, 5)
+    assert SpecConfig.scheduled(True, ((1, 4, 5), (5, 8, 5))).is_uniform
+    assert SpecConfig.scheduled(True, ((1, 8, 0),)) == SpecConfig.off()
 
 
 def test_schedule_lookup_carries_forward_like_vllm():
-    s = KSchedule(True, ((1, 2, 7), (3, 6, 5), (10, 16, 3)))
+    s = SpecConfig.scheduled(True, ((1, 2, 7), (3, 6, 5), (10, 16, 3)))
     assert [s.k_for(b) for b in (1, 2, 3, 6, 7, 9, 10, 16, 17, 500)] == [7, 7, 5, 5, 5, 5, 3, 3, 3, 3]
     assert s.max_k == 7 and not s.is_uniform
-    assert s.config_at(4) == SpecConfig(True, 5)
-    assert s.to_vllm() == [(1, 2, 7), (3, 6, 5), (10, 16, 3)]
+    assert s.at(4) == SpecConfig(True, 5)
     assert s.label() == "parallel 1-2:K7 3-6:K5 10+:K3"
+    assert SpecConfig.parse(s.label()).at(500) == SpecConfig(True, 3)
 
 
 def test_from_per_batch_compresses_and_capped_merges():
-    s = KSchedule.from_per_batch(False, [7, 7, 5, 5, 5, 3])
-    assert s.ranges == ((1, 2, 7), (3, 5, 5), (6, 6, 3))
-    capped = s.capped(5)
-    assert capped.ranges == ((1, 5, 5), (6, 6, 3))
-    assert s.capped(0) is None
+    s = SpecConfig.from_per_batch(False, [7, 7, 5, 5, 5, 3])
+    assert s.per_batch_size == ((1, 2, 7), (3, 5, 5), (6, 6, 3))
+    assert s.capped(5).per_batch_size == ((1, 5, 5), (6, 6, 3))
+    assert s.capped(3) == SpecConfig(False, 3)
+    assert s.capped(0) == SpecConfig.off()
+
+
+def test_old_profiles_schedule_dicts_still_load():
+    old = {"parallel": False, "ranges": [[1, 6, 3], [7, 9, 5], [10, 64, 1]]}
+    s = SpecConfig.from_dict(old)
+    assert s.k_for(1) == 3 and s.k_for(8) == 5 and s.k_for(64) == 1
+    assert SpecConfig.from_dict(s.to_dict()) == s
 
 
 def _vllm_lookup():
@@ -93,22 +106,22 @@ def test_k_for_matches_vllm_dense_lookup_on_random_schedules():
             start = end + 1 + rng.choice((0, 0, 2))  # gaps too
         if max(r[2] for r in ranges) == 0:
             continue
-        s = KSchedule(True, tuple(ranges))
+        s = SpecConfig.scheduled(True, ranges)
         max_seqs = 40
-        dense = lookup(s.to_vllm(), vllm_max_batch_size=max_seqs, vllm_num_speculative_tokens=s.max_k)
+        dense = lookup(list(s.ranges(max_seqs)), vllm_max_batch_size=max_seqs, vllm_num_speculative_tokens=s.max_k)
         assert [s.k_for(b) for b in range(1, max_seqs + 1)] == dense[1:], ranges
+        assert s.dense(max_seqs) == [0] + dense[1:]
 
 
-def test_engine_speculative_config():
-    assert engine_speculative_config(SpecConfig.off(), None, drafter="d") is None
-    plain = engine_speculative_config(SpecConfig(True, 5), None, drafter="d")
+def test_to_vllm():
+    assert SpecConfig.off().to_vllm("d") is None
+    plain = SpecConfig(True, 5).to_vllm("d")
+    # a uniform K leaves the schedule out (dynamic speculation changes vLLM's CUDA-graph plan)
     assert plain == {"method": "eagle3", "model": "d", "num_speculative_tokens": 5, "parallel_drafting": True}
-    # a uniform schedule stays a plain config (dynamic speculation forces piecewise CUDA graphs)
-    assert engine_speculative_config(SpecConfig(True, 5), KSchedule.uniform(SpecConfig(True, 5), 64),
-                                     drafter="d") == plain
-    s = KSchedule(False, ((1, 2, 7), (3, 64, 3)))
-    d = engine_speculative_config(s.config_at(1), s, drafter="d")
+    assert SpecConfig.scheduled(True, ((1, 64, 5),)).to_vllm("d") == plain
+    s = SpecConfig.scheduled(False, ((1, 2, 7), (3, 64, 3)))
+    d = s.to_vllm("d")
     assert d["num_speculative_tokens"] == 7 and d["parallel_drafting"] is False
-    assert d["num_speculative_tokens_per_batch_size"] == [(1, 2, 7), (3, 64, 3)]
-    with pytest.raises(ValueError, match="one drafting mode"):
-        engine_speculative_config(SpecConfig(True, 3), s, drafter="d")
+    assert d["num_speculative_tokens_per_batch_size"] == [[1, 2, 7], [3, 64, 3]]
+    with pytest.raises(ValueError, match="needs a drafter"):
+        s.to_vllm(None)

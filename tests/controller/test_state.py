@@ -1,21 +1,10 @@
-"""state() for the GetControllerState RPC, the decision history, and the cheap observe() path."""
+"""state() and its GetControllerState message, the decision history, and the cheap observe() path."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from google.protobuf.json_format import ParseDict
 
-from quickdraft.server.controller import (
-    Controller,
-    ControllerSettings,
-    EngineSnapshot,
-    Observation,
-    SpecConfig,
-)
-from quickdraft.server.controller.decision import Decision, DecisionLog
-from quickdraft.server.controller.sim import (
+from quickdraft.bench.controller_sim import (
     CROSSING_ACCEPTANCE,
     CROSSING_COST,
     FakeClock,
@@ -24,6 +13,11 @@ from quickdraft.server.controller.sim import (
     SimulatedEngine,
     calibrated,
 )
+from quickdraft.server.config import ControllerSettings
+from quickdraft.server.controller import Controller, EngineSnapshot, Observation
+from quickdraft.server.controller.decision import Decision, DecisionLog
+from quickdraft.server.controller_proto import state_message
+from quickdraft.server.speculative import SpecConfig
 from quickdraft.v1 import completion_pb2 as pb
 
 
@@ -36,9 +30,7 @@ def run():
 
 
 def test_state_fits_the_proto_message(run):
-    state = run.state()
-    json.dumps(state)  # plain data
-    msg = ParseDict(state, pb.ControllerState(), ignore_unknown_fields=True)
+    msg = state_message(run.state())
     assert msg.enabled
     assert msg.active.parallel_drafting and msg.active.num_speculative_tokens == 7
     assert msg.active.per_batch_size[0].min_batch_size == 1
@@ -54,26 +46,28 @@ def test_state_fits_the_proto_message(run):
 
 def test_state_detail(run):
     s = run.state()
-    acc = s["acceptance"]["parallel"]
-    assert acc["conditional_low"][0] <= acc["conditional"][0] <= acc["conditional_high"][0]
-    assert acc["trials"][0] > 1000
-    assert set(s["step_model"]) >= {"c0", "c1", "a0", "a1", "p0", "p1"}
-    assert s["ttft_model"]["kappa"] >= 0
-    assert s["load"]["current"] == pytest.approx(8, rel=0.1)
-    assert s["fallback"] == {"k_cap": None, "speculation_blocked_for_s": 0.0, "reason": ""}
-    assert s["pending"] is None and s["last_good"].startswith("parallel")
-    assert any(e["kind"] == "load_change" for e in s["events"])
+    acc = s.acceptance["parallel"]
+    assert acc.conditional_low[0] <= acc.conditional[0] <= acc.conditional_high[0]
+    assert acc.trials[0] > 1000
+    assert set(s.step_model.as_dict()) >= {"c0", "c1", "a0", "a1", "p0", "p1"}
+    assert s.ttft_model.kappa >= 0
+    assert s.load.current == pytest.approx(8, rel=0.1)
+    assert (s.fallback.k_cap, s.fallback.speculation_blocked_for_s, s.fallback.reason) == (None, 0.0, "")
+    assert s.pending is None and s.last_good.parallel and s.last_good == s.engine
+    assert s.config == s.engine.at(8) and s.config.k <= 3
+    assert any(e.kind == "load_change" for e in s.events)
 
 
 def test_state_before_any_data():
     s = Controller(clock=FakeClock()).state()
-    assert s["active"]["config"] == "off" and s["step_model"] is None
-    assert [c["samples"] for c in s["candidates"]] == [0] * 9
-    ParseDict(s, pb.ControllerState(), ignore_unknown_fields=True)
+    assert s.engine == SpecConfig.off() and s.step_model is None and s.predictions == ()
+    msg = state_message(s)
+    assert msg.active.method == "" and [c.samples for c in msg.candidates] == [0] * 9
+    assert len(msg.acceptance_per_position) == 7  # the autoregressive prior, while speculation is off
 
 
 def _hold(code, t):
-    return Decision("hold", SpecConfig.off(), SpecConfig.off(), None, 0.0, code, code, t)
+    return Decision("hold", SpecConfig.off(), SpecConfig.off(), SpecConfig.off(), 0.0, code, code, t)
 
 
 def test_history_is_bounded_and_keeps_the_interesting_entries():
@@ -83,17 +77,17 @@ def test_history_is_bounded_and_keeps_the_interesting_entries():
         log.add(_hold("within_margin", t))  # same family as "best": not kept
     assert len(log) == 1
     log.add(_hold("sustaining", 100))
-    log.add(Decision("switch", SpecConfig.off(), SpecConfig(True, 3), None, 0.2, "x", "better", 101))
+    log.add(Decision("switch", SpecConfig.off(), SpecConfig(True, 3), SpecConfig(True, 3), 0.2, "x", "better", 101))
     log.add(_hold("pending", 102))
     assert [d.reason_code for d in log] == ["best", "sustaining", "better", "pending"]
     for t in range(10):
-        log.add(Decision("switch", SpecConfig.off(), SpecConfig(True, 3), None, 0.2, "x", "better", 200 + t))
+        log.add(Decision("switch", SpecConfig.off(), SpecConfig(True, 3), SpecConfig(True, 3), 0.2, "x", "better", 200 + t))
     assert len(log) == 5
 
 
 def test_history_size_setting_applies():
     ctl = Controller(ControllerSettings(history_size=3), clock=FakeClock())
-    assert ctl.decisions._items.maxlen == 3
+    assert ctl.decisions.size == 3
 
 
 def test_decide_without_data_holds():
@@ -167,7 +161,7 @@ def test_ttft_counts_at_the_load_of_the_first_token():
     """At a change from 1 stream to 8 a request can end at its first token with
     a batch of 1 reported, behind a TTFT that waited for seven prefills. Filed
     under its first token's load it leaves the 1-stream TTFT quantile alone."""
-    from quickdraft.server.controller.settings import SLOSettings
+    from quickdraft.server.config.controller import SLOSettings
     from quickdraft.server.controller.ttft_model import TTFTModel
 
     def model(transition_batch):

@@ -6,9 +6,11 @@ import random
 
 import pytest
 
-from quickdraft.server.controller import Observation, SpecConfig, StepModelSettings
-from quickdraft.server.controller.sim import SimCost, SimulatedEngine
+from quickdraft.bench.controller_sim import SimCost, SimulatedEngine
+from quickdraft.server.config import StepModelSettings
+from quickdraft.server.controller import Observation
 from quickdraft.server.controller.step_model import StepTimeModel
+from quickdraft.server.speculative import SpecConfig
 
 LINEAR = SimCost(base_s=0.008, per_token_s=0.0004, ar_pass_s=0.001, ar_pass_per_req_s=0.0001,
                  par_pass_s=0.0015, par_per_slot_s=0.0002, noise=0.03)

@@ -67,7 +67,7 @@ def embedded_config(**sections) -> QuickdraftConfig:
     cfg.server.port = 0
     cfg.telemetry.metrics_port = free_port()
     try:  # the OpenAI-compatible endpoint shares the session's engine
-        import quickdraft.server.http_api  # noqa: F401
+        import quickdraft.server.openai.http_server  # noqa: F401
 
         cfg.http.enabled = True
         cfg.http.port = free_port()
@@ -82,7 +82,7 @@ def embedded_config(**sections) -> QuickdraftConfig:
 
 
 def start_server(cfg: QuickdraftConfig, span_exporter=None) -> RunningServer:
-    from quickdraft.server.grpc_server import QuickdraftServer
+    from quickdraft.server.app import QuickdraftServer
 
     loop = LoopThread()
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from quickdraft.client.request import channel_options
-from quickdraft.server.requests import tokenize
+from quickdraft.server.prompt_tokens import tokenize
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.v1.completion_pb2_grpc import CompletionStub
 from tests.integration.test_serve import wait_until

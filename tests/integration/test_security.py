@@ -46,10 +46,12 @@ SERVICE = "quickdraft.v1.Completion"
 class FakeEngine:
     """What CompletionService needs from an engine: streams one "x" per 20 ms up to max_tokens."""
 
-    def __init__(self, cfg, mode):
+    def __init__(self, cfg, spec, live=False):
         from transformers import AutoTokenizer
 
-        self.mode = mode
+        self.spec = spec
+        self.live = False  # runs one setting for its life
+        self.switches = 0
         self.tokenizer = AutoTokenizer.from_pretrained(str(embedded_dir() / "target"))
         self.prompt_tokens = PromptTokenizer(self.tokenizer)
         self.stop_token_ids = [0]
@@ -58,8 +60,14 @@ class FakeEngine:
         self.unfinished: set[str] = set()
 
     @classmethod
-    async def start(cls, cfg, mode):
-        return cls(cfg, mode)
+    async def start(cls, cfg, spec, live=False):
+        return cls(cfg, spec, live)
+
+    def can_switch_to(self, spec):
+        return spec == self.spec
+
+    def describe(self):
+        return self.spec.label()
 
     async def generate(self, request_id, prompt_ids, sampling):
         self.unfinished.add(request_id)
@@ -86,7 +94,7 @@ class FakeEngine:
 
 class FakeServer:
     def __init__(self, cfg):
-        from quickdraft.server.grpc_server import QuickdraftServer
+        from quickdraft.server.app import QuickdraftServer
 
         self.cfg = cfg
         self.loop = LoopThread()

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from quickdraft.server.engine import SpecMode
-from quickdraft.server.requests import tokenize
+from quickdraft.server.prompt_tokens import tokenize
 from quickdraft.v1 import completion_pb2 as pb
 from tests.integration.test_serve import heldout
 

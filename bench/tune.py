@@ -1,18 +1,21 @@
 """``quickdraft tune``: the calibration sweep on this machine.
 
 For every candidate config (off, autoregressive and parallel K in {1,3,5,7})
-an in-process engine serves held-out completion prompts at concurrency
-1, 4, 8 and 16 (closed loop, greedy), after an unrecorded warm-up round per
-level; the requests become controller
-observations. The controller's models are fitted on them, the tuned profile is
-written where ``quickdraft serve --controller`` looks for it (same hardware,
-model, drafters and vLLM version), and a plot of TPOT and TTFT against K per
-mode and concurrency is saved.
+an in-process engine serves held-out completion prompts
+(bench/data/heldout_prompts.jsonl) at concurrency 1, 4, 8 and 16 (closed
+loop, greedy), after an unrecorded warm-up round per level; the requests
+become controller observations. The controller's models are fitted on them
+(server/controller/calibrate.py), the tuned profile is written where
+``quickdraft serve --controller`` looks for it (same hardware, model, drafters
+and vLLM version), and a plot of TPOT and TTFT against K per mode and
+concurrency is saved.
+
+It lives with the benchmarks because it is one: it measures engines on the
+benchmark prompts. The server only reads the profile it writes.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import logging
@@ -21,19 +24,23 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from quickdraft.bench.workload import load_prompts
 from quickdraft.server.config import load_config
-from quickdraft.server.controller import Controller, Observation, SpecConfig, run_sweep
-from quickdraft.server.controller_loop import controller_settings, mode_of, profile_key, profile_store
-from quickdraft.server.engine import Engine, SpecMode
-from quickdraft.server.requests import Sampling, tokenize
+from quickdraft.server.controller import Controller, Observation, run_sweep
+from quickdraft.server.controller_loop import controller_settings, profile_key, profile_store
+from quickdraft.server.engine import Engine
+from quickdraft.server.preparation import Sampling
+from quickdraft.server.prompt_tokens import tokenize
 from quickdraft.server.service import speculative_stats
+from quickdraft.server.speculative import SpecConfig
 from quickdraft.v1 import completion_pb2 as pb
 
 log = logging.getLogger("quickdraft.tune")
 
 
 class EngineMeasure:
-    """measure(config, concurrency) -> observations, reusing one engine per config."""
+    """measure(spec, concurrency) -> observations, reusing one engine per
+    setting (any setting, a per-batch-size K schedule included)."""
 
     def __init__(self, cfg, prompts: list[dict], requests_per_level: int, max_tokens: int, warmup_rounds: int = 1,
                  on_engine_ready: Callable[[float], None] | None = None):
@@ -49,18 +56,14 @@ class EngineMeasure:
         self.loop = asyncio.new_event_loop()
         self.engine: Engine | None = None
 
-    def __call__(self, config: SpecConfig, concurrency: int) -> list[Observation]:
-        return self.measure_mode(mode_of(config, None), concurrency)
+    def __call__(self, spec: SpecConfig, concurrency: int) -> list[Observation]:
+        return self.loop.run_until_complete(self._measure(spec, concurrency))
 
-    def measure_mode(self, mode: SpecMode, concurrency: int) -> list[Observation]:
-        """As a call, for any engine mode (e.g. with a per-batch-size schedule)."""
-        return self.loop.run_until_complete(self._measure(mode, concurrency))
-
-    async def _measure(self, mode: SpecMode, concurrency: int) -> list[Observation]:
-        if self.engine is None or self.engine.mode != mode:
+    async def _measure(self, spec: SpecConfig, concurrency: int) -> list[Observation]:
+        if self.engine is None or self.engine.spec != spec:
             await self._close_engine()
-            self.engine = await Engine.start(self.cfg, mode)
-            print(f"engine {mode.label()} ready in {self.engine.start_seconds:.1f} s", flush=True)
+            self.engine = await Engine.start(self.cfg, spec)
+            print(f"engine {spec.label()} ready in {self.engine.start_seconds:.1f} s", flush=True)
             if self.on_engine_ready is not None:
                 self.on_engine_ready(self.engine.start_seconds)
         engine = self.engine
@@ -98,7 +101,7 @@ class EngineMeasure:
                         metrics = getattr(c, "spec_decode_metrics", None)
                 if n < 2:
                     continue
-                stats = speculative_stats(metrics, engine.mode)
+                stats = speculative_stats(metrics, engine.spec)
                 observations.append(
                     Observation.from_speculative_stats(
                         stats, latency_class="inline", ttft_s=first - t0, tpot_s=(last - first) / (n - 1), output_tokens=n, batch_size=concurrency, prompt_tokens=len(ids[i % len(ids)])
@@ -106,7 +109,7 @@ class EngineMeasure:
                 )
 
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        if engine.mode.enabled and observations and not any(o.num_drafts for o in observations):
+        if engine.spec.enabled and observations and not any(o.num_drafts for o in observations):
             # vLLM < 0.32 has no per-request acceptance: hand the level's
             # engine-wide counts to its last observation (the controller pools counts).
             await asyncio.sleep(0.2)  # the last step's stats arrive after the last token
@@ -153,7 +156,7 @@ def write_json(path: Path, cfg, key, result) -> None:
         "rejection_sample_method": cfg.speculation.rejection_sample_method,
         "rows": [r.to_dict() for r in result.rows],
         "pick_per_concurrency": {str(c): label for c, label in sorted(result.best.items())},
-        "start_config": result.start_config.label(),
+        "start_config": result.start.label(),
         "failed": result.failed,
         "observations": [o.to_dict() for o in result.observations],
     }
@@ -176,8 +179,6 @@ def add_subparser(sub) -> None:
 
 
 def run(args) -> int:
-    from quickdraft.bench.speculation import load_prompts
-
     logging.basicConfig(level="WARNING")
     cfg = load_config(args.config, overrides=dict(item.split("=", 1) for item in args.set))
     cfg.validate()
@@ -189,7 +190,7 @@ def run(args) -> int:
     def engine_ready(seconds: float) -> None:
         # what a rebuild costs on this machine, saved with the profile
         starts.append(seconds)
-        ctl.rebuild_s = statistics.median(starts)
+        ctl.rebuild.seconds = statistics.median(starts)
 
     measure = EngineMeasure(cfg, load_prompts(48), args.requests, args.max_tokens, args.warmup_rounds,
                             on_engine_ready=engine_ready)
@@ -205,7 +206,7 @@ def run(args) -> int:
     if args.json:
         write_json(args.json, cfg, key, result)
         print(f"json: {args.json}")
-    print(f"\nstart config: {result.start_config.label()}" + (f" schedule {result.start_schedule.label()}" if result.start_schedule else ""))
+    print(f"\nstart config: {result.start.label()}")
     print(f"profile: {result.profile_path}")
     print(f"plot: {result.plot_path or result.plot_skipped}")
     for failure in result.failed:

@@ -1,4 +1,5 @@
-"""A deterministic simulated engine, for tests and dry runs of the sweep.
+"""A deterministic simulated engine and a harness that drives the controller
+with it on a fake clock, for the controller's tests and the bench gate.
 
 Costs follow the shape the controller's model assumes (verification by
 tokens in the batch, K autoregressive drafter passes or one parallel pass),
@@ -14,8 +15,15 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
-from .observation import EngineSnapshot, LatencyClass, Observation
-from .spec import AUTOREGRESSIVE, OFF, PARALLEL, KSchedule, Mode, SpecConfig
+from quickdraft.server.config import ControllerSettings
+from quickdraft.server.controller import (
+    Controller,
+    EngineSnapshot,
+    LatencyClass,
+    Observation,
+    run_sweep,
+)
+from quickdraft.server.speculative import AUTOREGRESSIVE, OFF, PARALLEL, Mode, SpecConfig
 
 ANCHOR_AR_MARGINAL = (0.72, 0.50, 0.33, 0.21, 0.14, 0.09, 0.06)
 """anchors.md: EAGLE-3 per-position acceptance (HumanEval), extended by two positions."""
@@ -139,16 +147,13 @@ class SimulatedEngine:
         cands = [c for c in configs if ttft_limit_s is None or self.true_ttft_p95(c, batch) <= ttft_limit_s]
         return min(cands, key=lambda c: self.true_tpot(c, batch))
 
-    def requests(self, engine: SpecConfig | KSchedule | None, batch: float, n: int) -> list[Observation]:
-        """``n`` finished requests run at ``batch`` concurrent requests."""
-        return [self._one(engine, batch) for _ in range(n)]
+    def requests(self, engine: SpecConfig, batch: float, n: int) -> list[Observation]:
+        """``n`` finished requests run at ``batch`` concurrent requests by an
+        engine running ``engine`` (its K schedule included)."""
+        return [self._one(engine.at(batch), batch) for _ in range(n)]
 
-    def _one(self, engine: SpecConfig | KSchedule | None, batch: float) -> Observation:
+    def _one(self, cfg: SpecConfig, batch: float) -> Observation:
         rng = self.rng
-        if isinstance(engine, KSchedule):
-            cfg = engine.config_at(batch)
-        else:
-            cfg = engine if engine is not None else SpecConfig.off()
         mode, k = cfg.mode, cfg.k
         want = rng.randint(*self.tokens)
         rates = self.acceptance.rates(mode) if k else ()
@@ -210,11 +215,8 @@ class TraceEngine:
     def best_static(self, configs: Iterable[SpecConfig], batch: float) -> SpecConfig:
         return min(configs, key=lambda c: self.true_tpot(c, batch))
 
-    def requests(self, engine: SpecConfig | KSchedule | None, batch: float, n: int) -> list[Observation]:
-        if isinstance(engine, KSchedule):
-            cfg = engine.config_at(batch)
-        else:
-            cfg = engine if engine is not None else SpecConfig.off()
+    def requests(self, engine: SpecConfig, batch: float, n: int) -> list[Observation]:
+        cfg = engine.at(batch)
         pool = self._pool(cfg, batch)
         out = []
         for _ in range(n):
@@ -322,7 +324,7 @@ class Harness:
     every tick, decide() runs every tick, and a switch takes ``rebuild_s``
     during which the old engine keeps serving."""
 
-    def __init__(self, controller, engine: SimulatedEngine, clock: FakeClock, *,
+    def __init__(self, controller: Controller, engine: SimulatedEngine | TraceEngine, clock: FakeClock, *,
                  tick_s: float = 1.0, rebuild_s: float = 15.0, decide_every: int = 1,
                  candidates: Sequence[SpecConfig] | None = None,
                  on_decision: Callable | None = None) -> None:
@@ -335,7 +337,7 @@ class Harness:
         self.on_decision = on_decision
         self.decide_every = decide_every
         self._ticks = 0
-        self._running: SpecConfig | KSchedule | None = controller.active_schedule
+        self._running: SpecConfig = controller.active_engine
         self._pending = None
         self._ready_at = 0.0
         self._acc = 0.0
@@ -351,7 +353,7 @@ class Harness:
             while self.clock.t < end - 1e-9:
                 self.clock.advance(self.tick_s)
                 now = self.clock.t
-                cfg = self._config_at(ph.load)
+                cfg = self._running.at(ph.load)
                 self._acc += ph.load * self.tick_s / self.engine.request_seconds(cfg, ph.load)
                 n = int(self._acc)
                 self._acc -= n
@@ -361,7 +363,7 @@ class Harness:
                 self.ctl.observe_engine(EngineSnapshot(running=ph.load, kv_cache_usage=ph.kv_cache_usage), now=now)
                 if self._pending is not None and now >= self._ready_at:
                     d, self._pending = self._pending, None
-                    self._running = d.schedule
+                    self._running = d.engine
                     self.ctl.applied(d, now=now)
                 self._ticks += 1
                 action, reason = "", ""
@@ -377,25 +379,16 @@ class Harness:
                     if self.on_decision is not None:
                         self.on_decision(d)
                 best = min(self.engine.true_tpot(c, ph.load) for c in self.candidates)
-                cfg = self._config_at(ph.load)
+                cfg = self._running.at(ph.load)
                 trace.ticks.append(Tick(now, pi, ph.load, cfg, self.engine.true_tpot(cfg, ph.load), best,
                                         action, reason, trace.observations))
         return trace
 
-    def _config_at(self, load: float) -> SpecConfig:
-        r = self._running
-        if isinstance(r, KSchedule):
-            return r.config_at(load)
-        return r if r is not None else SpecConfig.off()
 
-
-def calibrated(engine: SimulatedEngine, settings=None, clock: FakeClock | None = None,
-               requests: int = 24, concurrencies: Sequence[int] = (1, 4, 8, 16)):
+def calibrated(engine: SimulatedEngine, settings: ControllerSettings | None = None, clock: FakeClock | None = None,
+               requests: int = 24, concurrencies: Sequence[int] = (1, 4, 8, 16)) -> tuple[Controller, FakeClock]:
     """A controller fed by a calibration sweep on ``engine`` (as after
     ``quickdraft tune``), on a fake clock; returns (controller, clock)."""
-    from .calibrate import run_sweep
-    from .controller import Controller
-
     clock = clock or FakeClock()
     ctl = Controller(settings, clock=clock)
     run_sweep(lambda c, n: engine.requests(c, n, requests), controller=ctl,

@@ -1,7 +1,13 @@
-"""Controller parameters: one dataclass per concern, every field documented.
+"""[controller] and its sub-sections: the adaptive speculation controller.
 
-``ControllerSettings.from_dict`` builds the whole tree from nested dicts (a
-TOML/JSON section) and names the valid keys when one is misspelt.
+``ControllerConfig`` is what a user sets: whether the server runs the
+controller, how it is wired, and the policy (``ControllerPolicy``: the
+sections ``[controller.slo]``, ``[controller.hysteresis]``, ...).
+``ControllerSettings`` is what the controller (server/controller) receives:
+the same policy plus what the server derives at start
+(``controller_settings()`` in server/controller_loop.py): the candidate
+configs, the initial config and ``schedule.max_batch``. The checks of every
+section are in ``validation.py``.
 """
 
 from __future__ import annotations
@@ -10,17 +16,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .spec import MAX_K, SpecConfig, default_candidates
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
-def _fraction(name: str, v: float, *, open_low: bool = False) -> None:
-    ok = (0.0 < v <= 1.0) if open_low else (0.0 <= v <= 1.0)
-    _check(ok, f"{name}={v} must be a fraction in {'(0' if open_low else '[0'}, 1]")
+from quickdraft.server.config import validation
+from quickdraft.server.config.tree import DERIVED
+from quickdraft.server.speculative import MAX_K, SpecConfig, default_candidates
 
 
 @dataclass
@@ -29,9 +27,9 @@ class AcceptanceSettings:
 
     prior_first_autoregressive: float = 0.72
     """Prior mean acceptance of draft position 1, autoregressive drafting
-    (anchors.md: EAGLE-3 on HumanEval ~72%)."""
+    (EAGLE-3 on HumanEval: about 72%)."""
     prior_first_parallel: float = 0.64
-    """Prior mean acceptance of draft position 1, parallel drafting (~64%)."""
+    """Prior mean acceptance of draft position 1, parallel drafting (about 64%)."""
     prior_strength: float = 4.0
     """Pseudo-trials behind each position's prior; small so data dominate fast."""
     extrapolation_decay: float = 0.9
@@ -61,16 +59,10 @@ class AcceptanceSettings:
     being written) usually shifts the other, whose estimate then follows the
     shifted mode's through the prior until it is measured again."""
     max_positions: int = MAX_K
-    """Draft positions tracked."""
+    """Draft positions tracked (at most 16, the largest K)."""
 
     def validate(self) -> None:
-        for n in ("prior_first_autoregressive", "prior_first_parallel", "extrapolation_decay",
-                  "parallel_vs_autoregressive", "shift_threshold", "shift_keep", "shift_keep_other"):
-            _fraction(f"acceptance.{n}", getattr(self, n), open_low=True)
-        _check(self.prior_strength > 0, "acceptance.prior_strength must be > 0 pseudo-trials")
-        _check(self.half_life_requests > 0, "acceptance.half_life_requests must be > 0")
-        _check(self.recent_requests >= 2, "acceptance.recent_requests must be >= 2")
-        _check(1 <= self.max_positions <= MAX_K, f"acceptance.max_positions must be 1..{MAX_K}")
+        validation.check_acceptance(self)
 
 
 @dataclass
@@ -94,7 +86,7 @@ class StepModelSettings:
     recent_per_cell: int = 48
     """Step times kept per (mode, K, batch bucket) cell; the cell's value is their median."""
     buckets_per_doubling: int = 4
-    """Batch-size resolution of cells: buckets per doubling of the batch."""
+    """Batch-size resolution of cells: buckets per doubling of the batch (1..16)."""
     cell_weight_cap: float = 32.0
     """Cap on one cell's weight, so the active config cannot drown the others."""
     huber_k: float = 1.5
@@ -110,16 +102,7 @@ class StepModelSettings:
     profile) by which cells known only from the profile are re-levelled."""
 
     def validate(self) -> None:
-        _check(self.drafter_cost_ratio_autoregressive >= 0, "step_model.drafter_cost_ratio_autoregressive must be >= 0")
-        _check(self.drafter_cost_ratio_parallel >= 0, "step_model.drafter_cost_ratio_parallel must be >= 0")
-        _check(self.prior_strength > 0, "step_model.prior_strength must be > 0")
-        _check(self.half_life_requests > 0, "step_model.half_life_requests must be > 0")
-        _check(self.recent_per_cell >= 1, "step_model.recent_per_cell must be >= 1")
-        _check(1 <= self.buckets_per_doubling <= 16, "step_model.buckets_per_doubling must be 1..16")
-        _check(self.cell_weight_cap > 0, "step_model.cell_weight_cap must be > 0")
-        _check(self.huber_k > 0, "step_model.huber_k must be > 0")
-        _check(self.local_min_requests > 0, "step_model.local_min_requests must be > 0")
-        _check(self.drift_min_requests >= 1, "step_model.drift_min_requests must be >= 1")
+        validation.check_step_model(self)
 
 
 @dataclass
@@ -127,10 +110,11 @@ class SLOSettings:
     """TTFT service-level objectives per latency class, and the TTFT model."""
 
     ttft_s: dict[str, float] = field(default_factory=lambda: {"inline": 0.3, "chat": 1.5})
-    """Limit on the ``quantile`` TTFT per latency class, seconds; classes not
-    listed (e.g. ``batch``) are unconstrained."""
+    """Limit on the ``quantile`` TTFT per latency class (inline, chat,
+    batch), seconds; classes not listed (by default ``batch``) are
+    unconstrained. A table replaces the default whole."""
     quantile: float = 0.95
-    """Which TTFT quantile the limits apply to."""
+    """Which TTFT quantile the limits apply to, in [0.5, 1)."""
     min_samples: int = 12
     """Requests of a class before its SLO is enforced (unknown TTFT never excludes)."""
     window: int = 64
@@ -141,15 +125,7 @@ class SLOSettings:
     average, plus the step that carries the prefill)."""
 
     def validate(self) -> None:
-        from .observation import LATENCY_CLASSES
-
-        for cls, v in self.ttft_s.items():
-            _check(cls in LATENCY_CLASSES, f"slo.ttft_s: unknown latency class {cls!r}; use {LATENCY_CLASSES}")
-            _check(v is None or v > 0, f"slo.ttft_s[{cls!r}]={v} must be > 0 seconds")
-        _check(0.5 <= self.quantile < 1.0, "slo.quantile must be in [0.5, 1)")
-        _check(self.min_samples >= 3, "slo.min_samples must be >= 3")
-        _check(self.window >= self.min_samples, "slo.window must be >= slo.min_samples")
-        _check(self.kappa_prior >= 0, "slo.kappa_prior must be >= 0")
+        validation.check_slo(self)
 
 
 @dataclass
@@ -167,7 +143,7 @@ class HysteresisSettings:
     sustain_s: float = 3.0
     """... over at least this many seconds ..."""
     min_dwell_s: float = 30.0
-    """... and at least this long after the previous switch (CPU rebuilds take ~15 s) ..."""
+    """... and at least this long after the previous switch ..."""
     min_dwell_after_load_change_s: float = 10.0
     """... or this long, when a load regime change came after the previous switch."""
     pending_timeout_s: float = 180.0
@@ -181,9 +157,7 @@ class HysteresisSettings:
     """The gain needed to switch to a warm (standby) engine, instead of
     ``margin`` (the smaller of the two applies): that switch is instant and
     costs no rebuild, so holding a config 3-7% worse for the whole load is
-    the larger loss. In the eleventh phases run (2026-12-03) the controller
-    held a config 5-15% slower than the warm one at 1 stream, inside the 7%
-    margin plus its uncertainty."""
+    the larger loss."""
     load_horizon_s: float = 120.0
     """How long a load is expected to last after a switch. A warm (standby)
     engine is taken instead of building the predicted best when it serves
@@ -191,16 +165,7 @@ class HysteresisSettings:
     the active engine keeps serving."""
 
     def validate(self) -> None:
-        _check(0 <= self.margin < 1, "hysteresis.margin must be a fraction in [0, 1)")
-        _check(0 <= self.warm_margin < 1, "hysteresis.warm_margin must be a fraction in [0, 1)")
-        _check(self.confidence_z >= 0, "hysteresis.confidence_z must be >= 0 standard errors")
-        _check(0 <= self.slo_margin < 1, "hysteresis.slo_margin must be a fraction in [0, 1)")
-        _check(self.sustain_decisions >= 1, "hysteresis.sustain_decisions must be >= 1")
-        _check(self.sustain_s >= 0 and self.min_dwell_s >= 0 and self.min_dwell_after_load_change_s >= 0,
-               "hysteresis times must be >= 0")
-        _check(self.pending_timeout_s > 0, "hysteresis.pending_timeout_s must be > 0")
-        _check(self.failed_config_cooldown_s >= 0, "hysteresis.failed_config_cooldown_s must be >= 0")
-        _check(self.load_horizon_s > 0, "hysteresis.load_horizon_s must be > 0 seconds")
+        validation.check_hysteresis(self)
 
 
 @dataclass
@@ -244,24 +209,12 @@ class ExplorationSettings:
     max_load_for_build: float = 2.0
     """A probe that needs a new engine (the config is not warm) waits until
     at most this many requests run. Every running stream pays for the build:
-    on a CPU it takes the serving engine's cores for 30-45 s (2-3x TPOT). In
-    the eleventh phases run a probe built at 8 streams served 30 s of the
-    phase that way. On a GPU, where a build costs the serving engine little
-    (``build_slowdown`` near 1), the rule only delays a probe to a quieter
-    moment."""
+    on a CPU it takes the serving engine's cores for 30-45 s (2-3x TPOT). On
+    a GPU, where a build costs the serving engine little (``build_slowdown``
+    near 1), the rule only delays a probe to a quieter moment."""
 
     def validate(self) -> None:
-        _check(0 <= self.min_share <= self.max_share <= 0.5, "exploration shares need 0 <= min_share <= max_share <= 0.5")
-        _fraction("exploration.share_decay", self.share_decay, open_low=True)
-        _check(self.initial_allowance_s >= 0 and self.bank_cap_s >= 0, "exploration allowances must be >= 0 seconds")
-        _check(self.rebuild_cost_s >= 0, "exploration.rebuild_cost_s must be >= 0")
-        _check(self.min_requests >= 1, "exploration.min_requests must be >= 1")
-        _check(0 <= self.min_s <= self.max_s, "exploration needs 0 <= min_s <= max_s")
-        _check(0 <= self.optimism < 1, "exploration.optimism must be in [0, 1)")
-        _check(self.min_samples_trusted >= 0 and self.min_samples_near_load >= 0,
-               "exploration sample thresholds must be >= 0")
-        _check(0 <= self.keep_tolerance < 0.5, "exploration.keep_tolerance must be a small fraction")
-        _check(self.max_load_for_build >= 0, "exploration.max_load_for_build must be >= 0 running requests")
+        validation.check_exploration(self)
 
 
 @dataclass
@@ -291,13 +244,7 @@ class FallbackSettings:
     """After a collapse, speculation stays off this long (then probes may retry it)."""
 
     def validate(self) -> None:
-        _check(0 < self.kv_low < self.kv_high <= self.kv_critical <= 1.0,
-               "fallback needs 0 < kv_low < kv_high <= kv_critical <= 1")
-        _check(self.kv_release_s >= 0 and self.pressure_min_interval_s >= 0, "fallback times must be >= 0")
-        _check(1.0 <= self.collapse_acceptance_length < 2.0,
-               "fallback.collapse_acceptance_length is tokens per step incl. the bonus token: use 1.0..2.0")
-        _check(self.collapse_min_drafts >= 1 and self.collapse_min_requests >= 1, "fallback collapse minimums must be >= 1")
-        _check(self.collapse_cooldown_s >= 0, "fallback.collapse_cooldown_s must be >= 0")
+        validation.check_fallback(self)
 
 
 @dataclass
@@ -314,9 +261,7 @@ class LoadSettings:
     """Engine snapshots older than this are ignored; request batch sizes are used instead."""
 
     def validate(self) -> None:
-        _check(0 < self.fast_tau_s < self.slow_tau_s, "load needs 0 < fast_tau_s < slow_tau_s")
-        _check(self.regime_ratio > 1.0, "load.regime_ratio must be > 1")
-        _check(self.snapshot_stale_s > 0, "load.snapshot_stale_s must be > 0")
+        validation.check_load(self)
 
 
 @dataclass
@@ -326,12 +271,13 @@ class ScheduleSettings:
     enabled: bool = True
     """Emit a per-batch-size schedule; False: one K for all batch sizes."""
     parallel: bool = True
-    """Schedules for parallel drafting too. vLLM 0.32's CPU build crashes a
-    P-EAGLE engine with a schedule once the batch reaches a range with another
-    K (docs/vllm-notes.md); the server turns this off there."""
-    max_batch: int = 64
-    """Largest batch the schedule is planned for (the engine's max_num_seqs);
-    beyond it vLLM carries the last K forward."""
+    """Schedules for parallel drafting too. Without live switching, the server
+    turns this off, whatever is set here, where vLLM's build crashes a P-EAGLE
+    engine with a schedule once the batch reaches a range with another K (the
+    CPU build of vLLM 0.32, docs/vllm-notes.md)."""
+    max_batch: int = field(default=64, metadata={DERIVED: "engine.max_num_seqs"})
+    """Largest batch the schedule is planned for; beyond it vLLM carries the
+    last K forward."""
     allow_zero_k: bool = False
     """Let the schedule turn drafting off (K=0) at large batches inside a
     speculative engine. Off by default: a K=0 step still carries the drafter's
@@ -343,9 +289,9 @@ class ScheduleSettings:
     k_change_tolerance: float = 0.04
     """From one batch size to the next, keep the smaller batch's K unless
     another K is predicted this much faster. Predictions move a few percent
-    with noise; without this, a CPU run got the zig-zag schedule
-    ``1-5:K3 6-9:K5 10-14:K3 15+:K1`` instead of ``1-2:K3 3+:K1``, and a
-    schedule that differs from a warm engine's costs a rebuild."""
+    with noise; without this, noise alone yields zig-zag schedules such as
+    ``1-5:K3 6-9:K5 10-14:K3 15+:K1``, and a schedule that differs from a
+    warm engine's costs a rebuild."""
     non_increasing: bool = False
     """Force K to fall (or stay) as the batch grows. Off by default: it holds
     for dense targets (verification gets dearer per token), but on the H200
@@ -354,23 +300,16 @@ class ScheduleSettings:
     so verification is nearly flat in K and drafting's share shrinks."""
 
     def validate(self) -> None:
-        _check(1 <= self.max_batch <= 4096, "schedule.max_batch must be 1..4096")
-        _check(0 <= self.k_tie_tolerance < 0.5, "schedule.k_tie_tolerance must be a small fraction")
-        _check(0 <= self.k_change_tolerance < 0.5, "schedule.k_change_tolerance must be a small fraction")
+        validation.check_schedule(self)
 
 
 @dataclass
-class ControllerSettings:
-    """Everything the controller needs; defaults suit a CPU box (~15 s rebuilds)."""
+class ControllerPolicy:
+    """The policy sections: what users set under [controller] and what the
+    controller receives in ControllerSettings."""
 
-    candidates: tuple[SpecConfig, ...] = field(default_factory=default_candidates)
-    """Configs the policy may choose; "off" is always added."""
-    initial: SpecConfig = field(default_factory=SpecConfig.off)
-    """Config assumed at start when no profile says otherwise."""
-    enabled: bool = True
-    """False: decide() always holds (observations and state still work)."""
     history_size: int = 64
-    """Decisions kept for state() (holds are kept only when their reason changes)."""
+    """Decisions kept for the controller's state (holds are kept only when their reason changes)."""
     acceptance: AcceptanceSettings = field(default_factory=AcceptanceSettings)
     step_model: StepModelSettings = field(default_factory=StepModelSettings)
     slo: SLOSettings = field(default_factory=SLOSettings)
@@ -380,19 +319,66 @@ class ControllerSettings:
     load: LoadSettings = field(default_factory=LoadSettings)
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
 
+
+@dataclass
+class ControllerConfig(ControllerPolicy):
+    """The adaptive speculation controller (server/controller, docs/controller.md):
+    whether the server runs it, how it is wired, and its policy (the sections below)."""
+
+    enabled: bool = False
+    """True: measure TTFT/TPOT and switch speculative configs at run time
+    (`quickdraft serve --controller`)."""
+    decide_every_s: float = 2.0
+    """How often the controller samples the engine and decides (1-2 s lets it
+    react within ~30 s of a load change, an engine rebuild included)."""
+    profile_dir: str | None = None
+    """Where tuned profiles live. None: ~/.cache/quickdraft/profiles."""
+    allow_rebuild: bool = True
+    """Apply decisions that need a new engine (another drafter, K above
+    speculation.max_k, or speculation off on a plain engine) by building it.
+    Live switches (server/vllm_live.py) are applied either way."""
+    standby_engines: int = 0
+    """Engines kept warm for other configs (0..4): the one switched away from,
+    and at start the controller's pick for a full batch when it needs another
+    engine. A switch to a warm engine is instant instead of a rebuild (40-48 s
+    on a 2-core CPU). Each costs the model's memory and engine.cpu_kv_cache_gib
+    (CPU) or its GPU memory share; an idle vLLM engine waits without using a
+    core. 0: every switch the serving engine cannot make live rebuilds."""
+    observations_file: str | None = None
+    """Append every observation the controller takes to this file (JSON
+    lines: ``t``, the controller clock's Unix time, and the Observation), to
+    replay a live run offline (``Observation.from_dict``, ``sim.TraceEngine``).
+    None: off."""
+
+    @property
+    def ttft_slo_s(self) -> dict[str, float]:
+        """The former name of ``slo.ttft_s`` (the loader still accepts it)."""
+        return self.slo.ttft_s
+
+
+@dataclass
+class ControllerSettings(ControllerPolicy):
+    """Everything the controller needs; defaults suit a CPU box (~15 s rebuilds).
+    The server builds it from ControllerConfig (controller_settings() in
+    server/controller_loop.py)."""
+
+    candidates: tuple[SpecConfig, ...] = field(default_factory=default_candidates)
+    """Configs the policy may choose; "off" is always added. The server
+    derives them: default_candidates() without parallel K above the preset's
+    trained slots."""
+    initial: SpecConfig = field(default_factory=SpecConfig.off)
+    """Config assumed at start when no profile says otherwise. The server
+    derives it from [speculation]."""
+    enabled: bool = True
+    """False: decide() always holds (observations and state still work). The
+    server builds a controller only when controller.enabled, so passes True."""
+
     def __post_init__(self) -> None:
-        cands = tuple(dict.fromkeys((SpecConfig.off(),) + tuple(self.candidates)))
-        self.candidates = cands
+        self.candidates = tuple(dict.fromkeys((SpecConfig.off(),) + tuple(self.candidates)))
         self.validate()
 
     def validate(self) -> None:
-        _check(len(self.candidates) >= 1, "candidates must not be empty")
-        for c in self.candidates:
-            _check(isinstance(c, SpecConfig), f"candidates must be SpecConfig values, got {c!r}; use SpecConfig.parse('parallel K=5')")
-        _check(self.history_size >= 1, "history_size must be >= 1")
-        for sub in (self.acceptance, self.step_model, self.slo, self.hysteresis,
-                    self.exploration, self.fallback, self.load, self.schedule):
-            sub.validate()
+        validation.check_controller_settings(self)
 
     def ks(self, parallel: bool) -> tuple[int, ...]:
         """Candidate K values of one drafting mode, ascending."""
@@ -401,7 +387,6 @@ class ControllerSettings:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ControllerSettings":
         """Build from nested plain data; configs may be labels ("parallel K=5")."""
-        d = dict(d)
         kwargs: dict[str, Any] = {}
         subs = {f.name: f for f in dataclasses.fields(cls)}
         for key, val in d.items():

@@ -1,0 +1,5 @@
+import sys
+
+from quickdraft.bench.phases.cli import main
+
+sys.exit(main())

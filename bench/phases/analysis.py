@@ -1,0 +1,178 @@
+"""The verdicts: per phase, the controller's TPOT against the best static
+config's (and the best that met the TTFT SLO), and the targets."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from quickdraft.bench.phases.rebuilds import combine_accounting, rebuild_accounting
+from quickdraft.bench.phases.timeline import SEED_CONFIG, STATIC_MODES, Phase, Req, reqs_of, window_tpot_ms
+from quickdraft.bench.stats import percentile
+
+
+def tpot_in(run: dict, phase: Phase, t_from: float = 0.0, reqs: list[Req] | None = None) -> float | None:
+    """``run``'s token-weighted TPOT (ms) over the requests that started in
+    ``phase`` ``t_from`` s or more after it began. A run with figures only (a
+    sweep's level) gives its one figure, whatever ``t_from``."""
+    reqs = reqs if reqs is not None else reqs_of(run)
+    if reqs is not None:
+        return window_tpot_ms(reqs, phase.start_s + t_from, phase.end_s)
+    ph = next((x for x in run.get("phases") or [] if x and x.get("phase") == phase.index), None)
+    if ph is None:
+        return None
+    fig = ph.get("settled" if t_from > 0 else "whole") or ph.get("whole")
+    return None if fig is None else fig.get("tpot_ms_token_weighted")
+
+
+def ttft_p95_in(run: dict, phase: Phase, t_from: float = 0.0, reqs: list[Req] | None = None) -> float | None:
+    """``run``'s TTFT p95 (s) over the completed requests that started in ``phase`` ``t_from`` s or
+    more after it began (a run with figures only: its phase figure's)."""
+    reqs = reqs if reqs is not None else reqs_of(run)
+    if reqs is not None:
+        xs = [r.ttft_s for r in reqs if r.ttft_s is not None and phase.start_s + t_from <= r.start_s < phase.end_s]
+        return percentile(xs, 95) if xs else None
+    ph = next((x for x in run.get("phases") or [] if x and x.get("phase") == phase.index), None)
+    fig = None if ph is None else (ph.get("settled" if t_from > 0 else "whole") or ph.get("whole"))
+    p95_ms = ((fig or {}).get("ttft_ms") or {}).get("p95")
+    return None if p95_ms is None else p95_ms / 1000.0
+
+
+def best_static(statics: Sequence[tuple[dict, list[Req] | None]], phase: Phase, t_from: float) -> tuple[dict | None, float | None]:
+    best, value = None, None
+    for run, reqs in statics:
+        v = tpot_in(run, phase, t_from, reqs)
+        if v is not None and (value is None or v < value):
+            best, value = run, v
+    return best, value
+
+
+def grid(phase: Phase) -> list[float]:
+    """Offsets into a phase at which "within tolerance from here on" is tested: every 5 s (finer
+    for short phases), leaving at least a quarter of the phase to measure."""
+    step = max(0.05, min(5.0, phase.seconds / 12))
+    out, t = [], 0.0
+    while phase.seconds - t >= phase.seconds / 4 - 1e-9:
+        out.append(round(t, 3))
+        t += step
+    return out
+
+
+def reached_within(ctl: tuple[dict, list[Req] | None], statics, phase: Phase, tolerance: float) -> float | None:
+    """The first offset t (on ``grid``) at which the controller's TPOT over the
+    rest of the phase is within ``tolerance`` of the best static's over the same window."""
+    for t in grid(phase):
+        c = tpot_in(ctl[0], phase, t, ctl[1])
+        _, b = best_static(statics, phase, t)
+        if c is not None and b is not None and c <= (1 + tolerance) * b:
+            return t
+    return None
+
+
+def _rel(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b <= 0:
+        return None
+    return round(a / b, 4)
+
+
+Rounds = list[tuple[dict, "list[Req] | None"]]
+
+
+def by_config(runs: Sequence[dict]) -> list[tuple[dict, list[Req] | None, Rounds]]:
+    """Runs grouped by config label, in first-seen order: (its first run, the
+    requests of all its rounds pooled, each round's (run, requests)). Pooled is
+    None when a round has figures only (loaded from a sweep)."""
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(r["label"], []).append(r)
+    out = []
+    for rs in groups.values():
+        rounds = [(r, reqs_of(r)) for r in rs]
+        pooled = None if any(q is None for _, q in rounds) else [x for _, q in rounds for x in q]
+        out.append((rs[0], pooled, rounds))
+    return out
+
+
+def verdicts(runs: Sequence[dict], phases: Sequence[Phase], settle_s: float, tolerance: float, seed: str = SEED_CONFIG,
+             ttft_slo_s: float | None = None) -> dict:
+    """Controller against the best static config per phase; with ``ttft_slo_s`` (the inline TTFT
+    SLO at p95 the controller works under) also against the best static config that met it,
+    the one the controller is asked to find (a static over the SLO is not a config it may pick)."""
+    groups = by_config([r for r in runs if r.get("phases") and not r.get("error")])
+    statics = [(r, q) for r, q, _ in groups if r.get("mode") in STATIC_MODES]
+    static_rounds = {r["label"]: rounds for r, _, rounds in groups if r.get("mode") in STATIC_MODES}
+    ctl_group = next((g for g in groups if g[0].get("mode") == "controller"), None)
+    ctl = None if ctl_group is None else ctl_group[:2]
+    seed_run = next(((r, q) for r, q in statics if r["label"] == seed), None)
+    rows = []
+    for p in phases:
+        if not p.measured:
+            continue
+        b_s, v_s = best_static(statics, p, settle_s)
+        b_w, v_w = best_static(statics, p, 0.0)
+        row = {
+            "phase": p.index, "concurrency": p.concurrency,
+            "best_static": b_s and b_s["label"], "best_static_source": b_s and b_s.get("source"), "best_static_tpot_ms": _round(v_s),
+            "best_static_whole": b_w and b_w["label"], "best_static_tpot_ms_whole": _round(v_w),
+            "controller_tpot_ms": None, "controller_tpot_ms_whole": None, "regret": None, "regret_whole": None,
+            "within_tolerance": None, "reached_s": None,
+            "seed_tpot_ms": None, "seed_tpot_ms_whole": None, "controller_vs_seed": None, "controller_vs_seed_whole": None,
+        }
+        if ttft_slo_s is not None:
+            p95 = {r["label"]: ttft_p95_in(r, p, settle_s, q) for r, q in statics}
+            feasible = [(r, q) for r, q in statics if p95[r["label"]] is not None and p95[r["label"]] <= ttft_slo_s]
+            b_f, v_f = best_static(feasible, p, settle_s)
+            row["static_ttft_p95_ms"] = {k: _round(None if v is None else 1000 * v, 1) for k, v in p95.items()}
+            row["best_feasible_static"], row["best_feasible_static_tpot_ms"] = b_f and b_f["label"], _round(v_f)
+            row["regret_vs_feasible"] = row["within_tolerance_vs_feasible"] = row["controller_ttft_p95_ms"] = None
+        if seed_run is not None:
+            row["seed_tpot_ms"] = _round(tpot_in(seed_run[0], p, settle_s, seed_run[1]))
+            row["seed_tpot_ms_whole"] = _round(tpot_in(seed_run[0], p, 0.0, seed_run[1]))
+        if ctl is not None:
+            c_s = tpot_in(ctl[0], p, settle_s, ctl[1])
+            c_w = tpot_in(ctl[0], p, 0.0, ctl[1])
+            row["controller_tpot_ms"], row["controller_tpot_ms_whole"] = _round(c_s), _round(c_w)
+            r_s, r_w = _rel(c_s, v_s), _rel(c_w, v_w)
+            row["regret"] = None if r_s is None else round(r_s - 1, 4)
+            row["regret_whole"] = None if r_w is None else round(r_w - 1, 4)
+            row["within_tolerance"] = None if r_s is None else r_s - 1 <= tolerance
+            if ttft_slo_s is not None:
+                c_p95 = ttft_p95_in(ctl[0], p, settle_s, ctl[1])
+                row["controller_ttft_p95_ms"] = _round(None if c_p95 is None else 1000 * c_p95, 1)
+                r_f = _rel(c_s, row["best_feasible_static_tpot_ms"])
+                row["regret_vs_feasible"] = None if r_f is None else round(r_f - 1, 4)
+                row["within_tolerance_vs_feasible"] = None if r_f is None else r_f - 1 <= tolerance
+            row["reached_s"] = reached_within(ctl, statics, p, tolerance) if statics else None
+            if seed_run is not None:
+                row["controller_vs_seed"] = _rel(c_s, row["seed_tpot_ms"])
+                row["controller_vs_seed_whole"] = _rel(c_w, row["seed_tpot_ms_whole"])
+            if len(ctl_group[2]) > 1 and b_s is not None:
+                # Round by round (round i of each config ran close in time): the spread is the machine's noise.
+                ctl_r = [tpot_in(r, p, settle_s, q) for r, q in ctl_group[2]]
+                best_r = [tpot_in(r, p, settle_s, q) for r, q in static_rounds[b_s["label"]]]
+                row["rounds"] = {"controller_tpot_ms": [_round(x) for x in ctl_r], "best_static_tpot_ms": [_round(x) for x in best_r],
+                                 "regret": [None if _rel(c, b) is None else round(_rel(c, b) - 1, 4) for c, b in zip(ctl_r, best_r)]}
+        rows.append(row)
+    out: dict = {"tolerance": tolerance, "settle_s": settle_s, "seed_config": seed, "ttft_slo_s": ttft_slo_s,
+                 "statics": [r["label"] for r, _ in statics], "phases": rows}
+    if ctl is not None:
+        acc = combine_accounting([rebuild_accounting(r, phases) for r, _ in ctl_group[2]])
+        out["controller"] = acc
+        measured = [r for r in rows]
+        all_within = all(r["within_tolerance"] for r in measured) if measured and all(r["within_tolerance"] is not None for r in measured) else None
+        reached = [r["reached_s"] for r in measured]
+        out["targets"] = {
+            "within_tolerance_every_phase": all_within,
+            "reached_within_settle_every_phase": None if all_within is None else all(t is not None and t <= settle_s for t in reached),
+            "failed_during_rebuilds_zero": acc["failed_during_rebuilds"] == 0,
+            "met": bool(all_within) and acc["failed_during_rebuilds"] == 0,
+        }
+        if ttft_slo_s is not None:
+            vs_f = [r["within_tolerance_vs_feasible"] for r in rows]
+            # None when a phase had no static config within the SLO (nothing to compare with).
+            out["targets"]["within_tolerance_vs_feasible_every_phase"] = None if None in vs_f else all(vs_f)
+    return out
+
+
+def _round(v: float | None, digits: int = 3) -> float | None:
+    return None if v is None or not math.isfinite(v) else round(v, digits)

