@@ -1,8 +1,10 @@
 """Live speculative switching on the real engine (server/vllm_live.py).
 
-The session server's engine is a live engine (parallel drafter, K up to
-``speculation.max_k``). These tests drive it below the service, with token
-ids, so that a switch can be made between any two engine steps of a stream.
+One live engine of the embedded model whose P-EAGLE head drafts in both
+modes, as the GPU presets' heads do (the embedded preset itself ships a
+separate EAGLE-3 head, so its parallel <-> autoregressive move is a change
+of engine). The tests drive it below the service, with token ids, so that a
+switch can be made between any two engine steps of a stream.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import pytest
 
 from quickdraft.server.speculative import SpecConfig
+from tests.integration.conftest import LoopThread, embedded_config
 
 pytestmark = pytest.mark.engine
 
@@ -29,11 +32,10 @@ CONFIGS = (
 )
 
 
-def prompts(server, n: int) -> list[list[int]]:
+def prompts(engine, n: int) -> list[list[int]]:
     from tests.integration.test_serve import heldout
 
-    tok = server.engine.tokenizer
-    return [tok(p["prefix"])["input_ids"][-300:] for p in heldout(n)]
+    return [engine.tokenizer(p["prefix"])["input_ids"][-300:] for p in heldout(n)]
 
 
 async def generate(engine, ids: list[int], rid: str, max_tokens: int, on_token=None) -> list[int]:
@@ -51,19 +53,35 @@ async def generate(engine, ids: list[int], rid: str, max_tokens: int, on_token=N
     return list(last.outputs[0].token_ids)
 
 
+@pytest.fixture(scope="module")
+def live():
+    """(loop, engine): a live engine that drafts in both modes with one head."""
+    from quickdraft.server.engine import Engine
+
+    cfg = embedded_config()
+    cfg.model.drafter = cfg.drafter_path(True)  # the P-EAGLE head for autoregressive drafting too
+    loop = LoopThread()
+    engine = loop.run(Engine.start(cfg, SpecConfig(True, 5), live=True), timeout=600)
+    assert engine.parallel_capable and engine.autoregressive_capable, engine.describe()
+    yield loop, engine
+    engine.shutdown()
+    loop.stop()
+
+
 @pytest.fixture
-def live_engine(server):
-    engine = server.engine
-    assert engine.live, "the session server should run a live engine (speculation.live_switching)"
-    start = engine.spec
-    yield engine
-    server.loop.run(engine.switch(start))
+def live_engine(live):
+    return live[1]
 
 
-def test_switches_mid_stream_keep_greedy_output_identical(server, live_engine):
+@pytest.fixture
+def run(live):
+    return live[0].run
+
+
+def test_switches_mid_stream_keep_greedy_output_identical(run, live_engine):
     """Every ordered pair of settings, switched between engine steps while
     four streams decode: their tokens equal speculation off's, none is lost."""
-    ids = prompts(server, 4)
+    ids = prompts(live_engine, 4)
     max_tokens = 160
 
     async def reference() -> list[list[int]]:
@@ -97,8 +115,8 @@ def test_switches_mid_stream_keep_greedy_output_identical(server, live_engine):
             assert more == outs
         return outs, done
 
-    ref = server.loop.run(reference())
-    outs, done = server.loop.run(switching(), timeout=900)
+    ref = run(reference())
+    outs, done = run(switching(), timeout=900)
     assert done == len(order) == 2 * len(CONFIGS) * (len(CONFIGS) - 1)
     for i, (got, want) in enumerate(zip(outs, ref)):
         assert len(got) == max_tokens
@@ -112,12 +130,12 @@ def _drafts(engine) -> tuple[int, int, list[int], int]:
 
 @pytest.mark.parametrize("spec", [SpecConfig(True, 3), SpecConfig(False, 7), SpecConfig(True, 6), SpecConfig(False, 2)],
                          ids=lambda s: s.label())
-def test_switch_sets_k_and_mode_of_the_next_steps(server, live_engine, spec):
+def test_switch_sets_k_and_mode_of_the_next_steps(run, live_engine, spec):
     """After a switch, a lone stream drafts exactly K tokens per step in the
     asked mode, and vLLM's per-position acceptance stays consistent."""
-    ids = prompts(server, 1)[0]
+    ids = prompts(live_engine, 1)[0]
 
-    async def run():
+    async def go():
         await live_engine.switch(spec)
         state = (await live_engine.llm.collective_rpc("quickdraft_drafting_state"))[0]
         before = _drafts(live_engine)
@@ -125,7 +143,7 @@ def test_switch_sets_k_and_mode_of_the_next_steps(server, live_engine, spec):
         await asyncio.sleep(0.3)  # the stat logger records after the last step
         return state, before, _drafts(live_engine)
 
-    state, before, after = server.loop.run(run())
+    state, before, after = run(go())
     assert state["parallel"] is spec.parallel
     drafts = after[0] - before[0]
     draft_tokens = after[1] - before[1]
@@ -137,34 +155,34 @@ def test_switch_sets_k_and_mode_of_the_next_steps(server, live_engine, spec):
     assert all(per_pos[i] >= per_pos[i + 1] for i in range(spec.k - 1)), per_pos
 
 
-def test_off_drafts_nothing(server, live_engine):
-    ids = prompts(server, 1)[0]
+def test_off_drafts_nothing(run, live_engine):
+    ids = prompts(live_engine, 1)[0]
 
-    async def run():
+    async def go():
         await live_engine.switch(SpecConfig.off())
         before = _drafts(live_engine)
         await generate(live_engine, ids, "k-off", 48)
         await asyncio.sleep(0.3)
         return before, _drafts(live_engine)
 
-    before, after = server.loop.run(run())
+    before, after = run(go())
     assert after[0] == before[0] and after[1] == before[1]
 
 
-def test_schedule_follows_the_batch(server, live_engine):
+def test_schedule_follows_the_batch(run, live_engine):
     """A K schedule changes K with the number of running streams (parallel
     drafting with a schedule crashed vLLM's CPU build before this module)."""
     spec = SpecConfig.scheduled(True, [(1, 1, 5), (2, 16, 2)])
-    ids = prompts(server, 4)
+    ids = prompts(live_engine, 4)
 
-    async def run():
+    async def go():
         await live_engine.switch(spec)
         before = _drafts(live_engine)
         await asyncio.gather(*(generate(live_engine, p, f"sched-{i}", 48) for i, p in enumerate(ids)))
         await asyncio.sleep(0.3)
         return before, _drafts(live_engine)
 
-    before, after = server.loop.run(run())
+    before, after = run(go())
     drafts, tokens = after[0] - before[0], after[1] - before[1]
     assert drafts > 0
     # Mostly 4 streams at K=2, a few steps at K=5 when one is left.
@@ -196,8 +214,8 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def test_thousand_switches_do_not_grow_memory(server, live_engine):
-    ids = prompts(server, 2)
+def test_thousand_switches_do_not_grow_memory(run, live_engine):
+    ids = prompts(live_engine, 2)
     cycle = itertools.cycle(CONFIGS)
 
     async def churn(n: int) -> None:
@@ -208,8 +226,8 @@ def test_thousand_switches_do_not_grow_memory(server, live_engine):
 
     pids = live_engine.engine_core_pids()
     assert pids
-    server.loop.run(churn(100))  # warm: every setting's buffers and shapes seen once
+    run(churn(100))  # warm: every setting's buffers and shapes seen once
     before = _rss_mib(pids)
-    server.loop.run(churn(1000), timeout=900)
+    run(churn(1000), timeout=900)
     after = _rss_mib(pids)
     assert after - before < 32, f"engine processes grew {after - before:.1f} MiB over 1,000 switches"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from quickdraft.server.engine import SpecMode
+from quickdraft.server.speculative import SpecConfig
 from quickdraft.server.prompt_tokens import tokenize
 from quickdraft.v1 import completion_pb2 as pb
 from tests.integration.test_serve import heldout
@@ -17,9 +17,9 @@ from tests.integration.test_serve import heldout
 pytestmark = pytest.mark.engine
 
 MODES = {
-    "parallel K=5": SpecMode(enabled=True, parallel=True, k=5),
-    "autoregressive K=3": SpecMode(enabled=True, parallel=False, k=3),
-    "off": SpecMode.off(),
+    "parallel K=5": SpecConfig(True, 5),
+    "autoregressive K=3": SpecConfig(False, 3),
+    "off": SpecConfig.off(),
 }
 
 
@@ -53,13 +53,13 @@ def runs(server, vllm_errors):
     """Outputs and figures of the same requests under each mode (two engine switches and back)."""
     from quickdraft.client import CompletionClient
 
-    default = server.engine.mode
+    default = server.engine.spec
     results = {}
     try:
         with CompletionClient(server.address, timeout=120) as client:
             for label, mode in MODES.items():
                 assert server.switch(mode, f"test: {label}")
-                assert server.engine.mode == mode
+                assert server.engine.spec == mode
                 results[label] = [client.complete_text(r) for r in requests()]
     finally:
         assert server.switch(default, "test: back to default")
@@ -81,8 +81,10 @@ def test_acceptance_counters_nonzero_in_both_modes(runs):
 
 
 def test_engine_switches_are_counted(server, runs):
+    # The embedded preset drafts with one head per mode, and "off" is a plain
+    # engine on the CPU: each of the three switches here needs another engine.
     assert server.server.engines.stats.rebuilds >= 3
-    assert server.engine.mode == SpecMode(enabled=True, parallel=True, k=5)
+    assert server.engine.spec == SpecConfig(True, 5)
 
 
 @pytest.mark.parametrize("label", ["parallel K=5", "autoregressive K=3"])
@@ -101,7 +103,7 @@ def test_vllm_runs_the_drafter_we_trained(server, runs, label):
     target = AutoModelForCausalLM.from_pretrained(cfg.target_path(), dtype=torch.float32).eval()
     from pathlib import Path
 
-    drafter = Eagle3Drafter.load(Path(cfg.drafter_path(mode.parallel)))
+    drafter = Eagle3Drafter.load(Path(cfg.drafter_path(mode.parallel)))  # the head the engine ran for that mode
     stop = set(server.engine.stop_token_ids)
     compared = 0
     for req, got in list(zip(requests(), runs[label]))[:4]:

@@ -2,7 +2,9 @@
 answers ``collective_rpc`` calls from inside the Worker process.
 
 It exists because the Worker's environment cannot be read from outside:
-vLLM's setproctitle overwrites the memory /proc/<pid>/environ shows.
+vLLM's setproctitle overwrites the memory /proc/<pid>/environ shows. It
+extends quickdraft's own worker extension, which a live engine needs
+(an engine takes one ``worker_extension_cls``).
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import os
 import sys
 
+from quickdraft.server.vllm_live import LiveDraftingWorker
 
-class WorkerProbe:
+
+class WorkerProbe(LiveDraftingWorker):
     def quickdraft_probe_environ(self, name: str) -> str | None:
         return os.environ.get(name)
 
