@@ -3,7 +3,7 @@
 Budgets are in bytes of UTF-8, which are never fewer than characters, so a
 budget in characters is respected (conservatively for non-ASCII text).
 
-Rules (issue 4): cuts fall on whole lines, moved to the start (prefix) or end
+Rules: cuts fall on whole lines, moved to the start (prefix) or end
 (suffix) of a statement when the tree knows one; the cursor's own line is never
 cut; when the middle of the prefix must go, the enclosing class/function
 headers and the file's imports are kept above the window.
