@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WORK=${WORK:-/work/gpuwheels}
-PART_MIB=${PART_MIB:-36}
+PART_MIB=${PART_MIB:-30}
 PY=${PY:-python3}
 mkdir -p "$WORK/wheels"
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
