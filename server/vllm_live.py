@@ -51,8 +51,9 @@ of the Qwen3-Coder-30B-A3B architecture about 2.4x slower at one stream on
 an H200. Built without it, vLLM captures full graphs for decode steps of
 1 + max K tokens per request and piecewise graphs for the rest; the first
 switch installs the scheduler's K table. So the setting with K = max K runs
-as fast as an engine built for it, and the others run piecewise (about as
-fast from 8 streams on; docs/benchmarks.md has the figures).
+within about 10% of an engine built for it, and the others run piecewise:
+about 2x slower at one stream on that GPU, 1.1-1.3x at 8 (docs/benchmarks.md).
+On the CPU build (no graphs) a live engine runs as fast as a built one.
 """
 
 from __future__ import annotations
