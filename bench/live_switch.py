@@ -30,10 +30,10 @@ from pathlib import Path
 
 from quickdraft.server.config import QuickdraftConfig, load_config
 from quickdraft.server.engine import Engine, hardware_description, vllm_version
-from quickdraft.server.speculative import SpecConfig
+from quickdraft.server.speculative import SpecConfig, default_candidates
 
 DATA = Path(__file__).resolve().parent / "data" / "heldout_prompts.jsonl"
-DEFAULT_CONFIGS = "off," + ",".join(f"autoregressive K={k}" for k in (1, 3, 5, 7)) + "," + ",".join(f"parallel K={k}" for k in (1, 3, 5, 7))
+DEFAULT_CONFIGS = ",".join(c.label() for c in default_candidates())
 
 
 @dataclass

@@ -204,12 +204,10 @@ class SpecConfig:
         m = re.fullmatch(r"(autoregressive|ar|eagle3?|parallel|p|p-eagle)((?:\s+\d+(?:-\d+|\+)?:k\d+)+)", t)
         if m:
             ranges = []
-            parts = m.group(2).split()
-            for i, part in enumerate(parts):
+            for part in m.group(2).split():
                 span, k = part.split(":k")
-                if span.endswith("+"):
-                    lo = hi = int(span[:-1])
-                    hi = 1 << 20 if i == len(parts) - 1 else hi
+                if span.endswith("+"):  # open-ended: label() writes it for the last range only
+                    lo, hi = int(span[:-1]), 1 << 20
                 elif "-" in span:
                     lo, hi = (int(x) for x in span.split("-"))
                 else:
