@@ -141,6 +141,7 @@ async def measure(cfg: QuickdraftConfig, args: argparse.Namespace) -> dict:
     engine = await Engine.start(cfg, start, live=True)
     result["live_build_s"] = round(time.monotonic() - t0, 1)
     result["live_engine"] = engine.describe()
+    result["decode_graphs"] = engine.decode_graphs  # full CUDA graphs for the K below max K (CUDA)
     runnable = [c for c in wanted if engine.can_switch_to(c)]
     result["skipped"] = [c.label() for c in wanted if c not in runnable]
     prompts = prompt_ids(engine, 64)

@@ -96,10 +96,13 @@ class ServerProcess:
         self.stop()
 
 
-def quickdraft_server(label: str, overrides: dict[str, str], log_dir: Path, preset: str | None = None) -> ServerProcess:
-    """``quickdraft serve`` on a free port with ``--set`` overrides; metrics off."""
+def quickdraft_server(label: str, overrides: dict[str, str], log_dir: Path, preset: str | None = None,
+                      config: str | None = None) -> ServerProcess:
+    """``quickdraft serve`` on a free port with ``--set`` overrides (over the TOML ``config``); metrics off."""
     port = free_port()
     argv = [sys.executable, "-m", "quickdraft", "serve", "--port", str(port), "--metrics-port", "0"]
+    if config:
+        argv += ["--config", config]
     if preset:
         argv += ["--preset", preset]
     for k, v in overrides.items():

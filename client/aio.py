@@ -99,6 +99,12 @@ class AsyncCompletionClient:
             pb.GetControllerStateRequest(), timeout=timeout, metadata=self._metadata
         )
 
+    async def pin_speculation(self, config: str, *, allow_rebuild: bool = False, timeout: float | None = 600.0) -> pb.PinSpeculationResponse:
+        """Fix the speculative config (e.g. "p5", "ar3", "off") until released with ""."""
+        return await self._stub.PinSpeculation(
+            pb.PinSpeculationRequest(config=config, allow_rebuild=allow_rebuild), timeout=timeout, metadata=self._metadata
+        )
+
     async def wait_ready(self, timeout: float = 60.0) -> None:
         await asyncio.wait_for(self._channel.channel_ready(), timeout)
 

@@ -119,6 +119,11 @@ class CompletionClient:
     def controller_state(self, timeout: float | None = 10.0) -> pb.ControllerState:
         return self._stub.GetControllerState(pb.GetControllerStateRequest(), timeout=timeout, metadata=self._metadata)
 
+    def pin_speculation(self, config: str, *, allow_rebuild: bool = False, timeout: float | None = 600.0) -> pb.PinSpeculationResponse:
+        """Fix the speculative config (e.g. "p5", "ar3", "off") until released with ""."""
+        return self._stub.PinSpeculation(pb.PinSpeculationRequest(config=config, allow_rebuild=allow_rebuild), timeout=timeout,
+                                         metadata=self._metadata)
+
     def wait_ready(self, timeout: float = 60.0) -> None:
         grpc.channel_ready_future(self._channel).result(timeout=timeout)
 

@@ -115,6 +115,27 @@ def _complete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pin(args: argparse.Namespace) -> int:
+    import grpc
+
+    from quickdraft.client import CompletionClient
+
+    token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("QUICKDRAFT_AUTH_TOKEN")
+    config = "" if args.release else args.config
+    if not config and not args.release:
+        print("quickdraft pin: give a config (e.g. p5, ar3, off) or --release", file=sys.stderr)
+        return 2
+    with CompletionClient(args.server, token=token) as client:
+        try:
+            reply = client.pin_speculation(config, allow_rebuild=args.allow_rebuild)
+        except grpc.RpcError as e:
+            print(f"quickdraft pin: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    state = "pinned" if reply.pinned else "not pinned"
+    print(f"{reply.config.label} ({state}; {reply.applied}, {reply.switch_ms:.1f} ms)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quickdraft", description="Code completions with speculative decoding, for editors.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -142,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", help="file with the server's bearer token (default: $QUICKDRAFT_AUTH_TOKEN)")
     p.add_argument("--json", action="store_true", help="print text, timings and speculative figures as JSON")
     p.set_defaults(func=_complete)
+
+    p = sub.add_parser("pin", help="fix the server's speculative config (the controller stops choosing) until --release")
+    p.add_argument("config", nargs="?", default="", help="off, p5 (P-EAGLE K=5), ar3 (EAGLE-3 K=3), or a schedule: 'parallel 1:K7 2+:K3'")
+    p.add_argument("--release", action="store_true", help="release the pin; the controller chooses again")
+    p.add_argument("--allow-rebuild", action="store_true", help="build another engine when the serving one cannot switch live")
+    p.add_argument("--server", default="127.0.0.1:50051")
+    p.add_argument("--token-file", help="file with the server's bearer token (default: $QUICKDRAFT_AUTH_TOKEN)")
+    p.set_defaults(func=_pin)
 
     from quickdraft.lsp_bridge import cli as lsp_cli
     from quickdraft.bench import tune

@@ -17,6 +17,7 @@ from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.engine_manager import EngineManager
 from quickdraft.server.frontend import Auth
 from quickdraft.server.grpc_server import GrpcServer
+from quickdraft.server.pinning import SpeculationPin
 from quickdraft.server.service import CompletionService
 from quickdraft.server.telemetry import Telemetry
 
@@ -35,7 +36,9 @@ class QuickdraftServer:
         self.controller = None
         # One token read for both protocols.
         self.auth = Auth.from_config(cfg)
-        self.grpc = GrpcServer(cfg, self.service, self.auth, controller_state=lambda: self.controller.state_proto() if self.controller else None)
+        self.pin = SpeculationPin(self.engines, controller=lambda: self.controller)
+        self.grpc = GrpcServer(cfg, self.service, self.auth, controller_state=lambda: self.controller.state_proto() if self.controller else None,
+                               pin=self.pin)
         self.http = None
         self.port = 0
         self._engine_task: asyncio.Task | None = None

@@ -106,6 +106,9 @@ class ControllerLoop:
         path = cfg.controller.observations_file
         self._observations_out = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 - open for the server's life
         self.failed_switches = 0
+        self.pinned: SpecConfig | None = None
+        """An operator's pin (server/pinning.py): no decisions, no learning, while set."""
+        self.skipped_while_pinned = 0
         service.observers.callbacks.append(self.on_request)
 
     def start_spec(self) -> SpecConfig:
@@ -141,6 +144,15 @@ class ControllerLoop:
             self.ctl.observe_build(time.monotonic() - t0)  # built beside the serving engine, as a rebuild is
         return built
 
+    def pin(self, spec: SpecConfig | None) -> None:
+        """Hold ``spec`` (an operator's choice) until called with None; then
+        carry on from what the engine runs."""
+        self.pinned = spec
+        if spec is None:
+            engine = self.engines.engine
+            if engine is not None:
+                self.ctl.activate(engine.spec, now=self.clock())
+
     def stop(self) -> None:
         for task in (self._task, self._prewarm_task):
             if task is not None:
@@ -161,6 +173,11 @@ class ControllerLoop:
     def on_request(self, record: RequestRecord, spec: pb.SpeculativeStats) -> None:
         # Cancelled and failed requests say nothing reliable about step time.
         if record.finish not in ("stop", "length") or record.ttft_s is None or record.tpot_s is None:
+            return
+        if self.pinned is not None:
+            # Served in a config the controller did not choose; what it measures
+            # would become the controller's evidence for a choice it never made.
+            self.skipped_while_pinned += 1
             return
         engine = self.engines.engine
         running = engine.snapshot.running if engine is not None else 1
@@ -214,7 +231,7 @@ class ControllerLoop:
 
     async def tick(self) -> None:
         engine = self.engines.engine
-        if engine is None or not self.engines.serving:
+        if engine is None or not self.engines.serving or self.pinned is not None:
             return
         snap = engine.snapshot
         now = self.clock()
@@ -251,4 +268,5 @@ class ControllerLoop:
         msg.engine_rebuilds = self.engines.stats.rebuilds
         msg.live_switches = self.engines.stats.live_switches
         msg.profile_path = str(self.store.path_for(self.key))
+        msg.pinned = self.pinned.label() if self.pinned is not None else ""
         return msg

@@ -160,6 +160,12 @@ class Engine:
         ships a separate EAGLE-3 head, a P-EAGLE engine does not draft autoregressively."""
         self.switches = 0
         """Live switches applied since the build."""
+        self.per_request_metrics = _has_per_request_metrics()
+        """vLLM >= 0.32 reports each request's drafts and acceptance; older
+        engines only engine-wide counters (the snapshot), from which the
+        service estimates them (service.engine_window_metrics)."""
+        self.decode_graphs: dict[str, Any] = {}
+        """What capturing full decode graphs for the live K values reported (CUDA live engines)."""
         self.snapshot = EngineSnapshot()
         self.llm: Any = None
         self.tokenizer: Any = None
@@ -218,8 +224,7 @@ class Engine:
         spec = self.speculative_config()
         if spec is not None:
             kwargs["speculative_config"] = spec
-            if "per_request_spec_decode_metrics" in AsyncEngineArgs.__dataclass_fields__:
-                # vLLM >= 0.32; older engines give only engine-wide counters (the snapshot).
+            if self.per_request_metrics:
                 kwargs["per_request_spec_decode_metrics"] = "summary"
         if self.live:
             kwargs["worker_extension_cls"] = vllm_live.WORKER_EXTENSION
@@ -232,6 +237,9 @@ class Engine:
         await asyncio.to_thread(engine._build)
         if live:
             try:
+                if cfg.speculation.live_decode_graphs and cfg.device() != "cpu":
+                    engine.decode_graphs = await vllm_live.capture_decode_graphs(engine.llm, list(range(engine.max_k)))
+                    log.info("decode graphs for live K below %d: %s", engine.max_k, engine.decode_graphs)
                 await engine.switch(spec)  # the drafting mode; the K table is already the build's
             except Exception:
                 await asyncio.to_thread(engine.shutdown)
@@ -380,6 +388,14 @@ def _stop_output_handler(llm: Any) -> None:
 
     loop.call_soon_threadsafe(cancel)
     cancelled.wait(5)
+
+
+def _has_per_request_metrics() -> bool:
+    try:
+        from vllm import AsyncEngineArgs
+    except ImportError:
+        return True
+    return "per_request_spec_decode_metrics" in AsyncEngineArgs.__dataclass_fields__
 
 
 def _num_unfinished(llm: Any) -> int:

@@ -20,6 +20,7 @@ from grpc_health.v1.health import aio as health_aio
 from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.errors import RequestError
 from quickdraft.server.frontend import Auth, grpc_peer_host
+from quickdraft.server.pinning import SpeculationPin
 from quickdraft.server.service import CompletionService
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.wire import AUTHORIZATION_KEY
@@ -51,10 +52,12 @@ def _parse(message_type):
 class CompletionServicer:
     """gRPC adapter: protocol in, protocol out; the logic is CompletionService's."""
 
-    def __init__(self, service: CompletionService, auth: Auth | None = None, controller_state: Callable[[], pb.ControllerState | None] | None = None):
+    def __init__(self, service: CompletionService, auth: Auth | None = None, controller_state: Callable[[], pb.ControllerState | None] | None = None,
+                 pin: SpeculationPin | None = None):
         self.service = service
         self.auth = auth or Auth(None)
         self.controller_state = controller_state
+        self.pin = pin
 
     async def Complete(self, request, context: grpc.aio.ServicerContext):
         if isinstance(request, _BadRequest):
@@ -79,6 +82,18 @@ class CompletionServicer:
             return pb.ControllerState(enabled=False, active=self.service.server_info().speculative)
         return state
 
+    async def PinSpeculation(self, request, context):
+        if isinstance(request, _BadRequest):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request could not be parsed: {request.error}")
+        if self.pin is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server does not take pins")
+        try:
+            applied, ms = await self.pin.set(request.config, request.allow_rebuild)
+        except RequestError as e:
+            await context.abort(grpc.StatusCode[e.code], e.message)
+        return pb.PinSpeculationResponse(config=self.service.server_info().speculative, pinned=self.pin.pinned is not None,
+                                         applied=applied, switch_ms=ms)
+
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
             SERVICE_NAME,
@@ -91,6 +106,9 @@ class CompletionServicer:
                 ),
                 "GetControllerState": grpc.unary_unary_rpc_method_handler(
                     self.GetControllerState, request_deserializer=_parse(pb.GetControllerStateRequest), response_serializer=pb.ControllerState.SerializeToString
+                ),
+                "PinSpeculation": grpc.unary_unary_rpc_method_handler(
+                    self.PinSpeculation, request_deserializer=_parse(pb.PinSpeculationRequest), response_serializer=pb.PinSpeculationResponse.SerializeToString
                 ),
             },
         )
@@ -136,11 +154,12 @@ class GrpcServer:
     """The gRPC listener on cfg.server.host:cfg.server.port (0: a free port,
     then read ``.port``): the Completion service, grpc.health.v1 and reflection."""
 
-    def __init__(self, cfg: QuickdraftConfig, service: CompletionService, auth: Auth, controller_state: Callable[[], pb.ControllerState | None]):
+    def __init__(self, cfg: QuickdraftConfig, service: CompletionService, auth: Auth, controller_state: Callable[[], pb.ControllerState | None],
+                 pin: SpeculationPin | None = None):
         self.cfg = cfg
         self.service = service
         self.auth = auth
-        self.servicer = CompletionServicer(service, auth, controller_state)
+        self.servicer = CompletionServicer(service, auth, controller_state, pin)
         self.health = health_aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.port = 0

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import AsyncIterator, Callable, Mapping
 
 from quickdraft import __version__
 from quickdraft.server.admission import Admission
 from quickdraft.server.config import QuickdraftConfig
-from quickdraft.server.engine import hardware_description, vllm_version
+from quickdraft.server.engine import EngineSnapshot, hardware_description, vllm_version
 from quickdraft.server.engine_manager import EngineManager
 from quickdraft.server.errors import RequestError
 from quickdraft.server.preparation import prepare
@@ -84,7 +86,30 @@ def speculative_stats(metrics, spec: SpecConfig, switched_to: SpecConfig | None 
     stats.accepted_per_position.extend(positions)
     if stats.num_drafts:
         stats.mean_acceptance_length = 1.0 + stats.num_accepted_tokens / stats.num_drafts
+    stats.estimated_from_engine = bool(getattr(metrics, "estimated", False))
     return stats
+
+
+def engine_window_metrics(before: EngineSnapshot, after: EngineSnapshot, output_tokens: int) -> SimpleNamespace | None:
+    """Per-request figures where vLLM gives none (0.24 has no
+    ``per_request_spec_decode_metrics``): the engine's drafts and per-position
+    acceptance over the request's life, scaled to the request's verify steps
+    (its tokens after the first, at the window's mean accepted length).
+    Shaped like vLLM's per-request metrics (``histogram``, ``num_draft_tokens``)."""
+    drafts = after.drafts - before.drafts
+    if drafts <= 0 or output_tokens < 2:
+        return None
+    per_pos = [a - (before.accepted_per_position[i] if i < len(before.accepted_per_position) else 0)
+               for i, a in enumerate(after.accepted_per_position)]
+    mean_accepted = sum(per_pos) / drafts
+    steps = max(1, round((output_tokens - 1) / (1.0 + mean_accepted)))
+    at_least = [1.0] + [min(1.0, max(0.0, n / drafts)) for n in per_pos] + [0.0]  # P(accepted >= j)
+    hist = [round(steps * (at_least[j] - at_least[j + 1])) for j in range(len(at_least) - 1)]
+    hist[0] += steps - sum(hist)
+    if hist[0] < 0:
+        return None
+    mean_k = (after.draft_tokens - before.draft_tokens) / drafts
+    return SimpleNamespace(histogram=hist, num_draft_tokens=round(steps * mean_k), estimated=True)
 
 
 @dataclass
@@ -153,6 +178,9 @@ class CompletionService:
         engine_id = f"{prepared.request_id}-{uuid.uuid4().hex[:8]}"
         sampling = prepared.sampling.to_vllm(engine.stop_token_ids)
         started_spec, started_switches = engine.spec, engine.switches  # a live switch may change them mid-request
+        # vLLM without per-request counters (0.24): the engine's over this request's life instead.
+        window = None if getattr(engine, "per_request_metrics", True) else dataclasses.replace(
+            engine.snapshot, accepted_per_position=list(engine.snapshot.accepted_per_position))
         finish = "cancelled"
         spec_metrics = None
         finished = False
@@ -175,6 +203,8 @@ class CompletionService:
                     if c.finish_reason is not None:
                         finish = c.finish_reason
                         spec_metrics = getattr(c, "spec_decode_metrics", None)
+                        if spec_metrics is None and window is not None:
+                            spec_metrics = engine_window_metrics(window, engine.snapshot, timing.tokens)
                         finished = True
                     if c.text:
                         yield pb.CompleteResponse(text=c.text)

@@ -194,11 +194,12 @@ class SpecConfig:
 
     @classmethod
     def parse(cls, text: str) -> "SpecConfig":
-        """Inverse of :meth:`label`; also takes ``ar``/``p`` and ``k5``."""
+        """Inverse of :meth:`label`; also takes ``ar``/``p``, ``k5`` and the
+        short labels of the benchmarks (``p5``, ``ar3``)."""
         t = text.strip().lower()
         if t in ("off", "none", "k=0"):
             return cls.off()
-        m = re.fullmatch(r"(autoregressive|ar|eagle3?|parallel|p|p-eagle)\s*k\s*=?\s*(\d+)", t)
+        m = re.fullmatch(r"(autoregressive|ar|eagle3?|parallel|p|p-eagle)\s*(?:k\s*=?\s*)?(\d+)", t)
         if m:
             return cls(_MODE_WORDS[m.group(1)], int(m.group(2)))
         m = re.fullmatch(r"(autoregressive|ar|eagle3?|parallel|p|p-eagle)((?:\s+\d+(?:-\d+|\+)?:k\d+)+)", t)

@@ -50,16 +50,21 @@ cudagraph_mode from FULL_AND_PIECEWISE to PIECEWISE"), which made every step
 of the Qwen3-Coder-30B-A3B architecture about 2.4x slower at one stream on
 an H200. Built without it, vLLM captures full graphs for decode steps of
 1 + max K tokens per request and piecewise graphs for the rest; the first
-switch installs the scheduler's K table. So the setting with K = max K runs
-within about 10% of an engine built for it, and the others run piecewise:
-about 2x slower at one stream on that GPU, 1.1-1.3x at 8 (docs/benchmarks.md).
-On the CPU build (no graphs) a live engine runs as fast as a built one.
+switch installs the scheduler's K table. :class:`DecodeGraphs` then captures
+full graphs for the decode widths of every smaller K too (K = 0 included),
+so every setting runs full graphs: on an H200 a live parallel K=5 ran within
+2-5% of an engine built for it, where piecewise it had been 2.1x slower at
+one stream (docs/benchmarks.md). On the CPU build (no graphs) a live engine
+runs as fast as a built one.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +77,7 @@ SUPPORTED_VLLM = ("0.24.0", "0.32.0")
 
 UTILITY_METHOD = "quickdraft_set_speculation"
 WORKER_METHOD = "quickdraft_set_drafting"
+CAPTURE_METHOD = "quickdraft_capture_decode_graphs"
 WORKER_EXTENSION = "quickdraft.server.vllm_live.LiveDraftingWorker"
 
 
@@ -138,6 +144,15 @@ async def apply(llm: Any, state: LiveState, synthetic_rates: list[float] | None 
     return await llm.engine_core.call_utility_async(UTILITY_METHOD, state.parallel, list(state.dense), synthetic_rates)
 
 
+async def capture_decode_graphs(llm: Any, ks: list[int]) -> dict:
+    """Capture full CUDA graphs for decode steps at each K in ``ks`` on every
+    worker of a running ``AsyncLLM`` (see :class:`DecodeGraphs`); returns the
+    first worker's report: ``captured`` graphs, ``seconds``, ``gib`` of GPU
+    memory, or ``skipped`` with the reason."""
+    replies = await llm.collective_rpc(CAPTURE_METHOD, args=(sorted({int(k) for k in ks}),))
+    return replies[0] if replies else {"skipped": "no workers answered"}
+
+
 # --- the engine-core side (loaded by vLLM as a plugin) ----------------------
 
 
@@ -194,6 +209,13 @@ class LiveDraftingWorker:
                 rates[: len(new)].copy_(rates.new_tensor(new))
         return drafter.parallel
 
+    def quickdraft_capture_decode_graphs(self, ks: list[int]) -> dict:
+        runner = self.model_runner  # type: ignore[attr-defined]
+        reason = DecodeGraphs.unsupported(runner)
+        if reason:
+            return {"skipped": reason}
+        return DecodeGraphs.of(runner).capture(ks)
+
     def quickdraft_drafting_state(self) -> dict:
         """For tests: the mode and slot settings the drafter will use next."""
         d = self.model_runner.drafter  # type: ignore[attr-defined]
@@ -241,3 +263,147 @@ class LiveDrafter:
         p.extra_slots_per_request = k if parallel else 1
         p.net_num_new_slots_per_request = p.extra_slots_per_request - self._reused_slots
         p.needs_extra_input_slots = p.net_num_new_slots_per_request > 0
+
+
+class DecodeGraphs:
+    """Full CUDA graphs for uniform decode steps at every live K, not only at max K.
+
+    vLLM keeps one decode query length per engine (``uniform_decode_query_len``
+    = 1 + ``num_speculative_tokens``, on the model runner and its
+    ``CudagraphDispatcher``) and captures full graphs only for batches where
+    every request has exactly that many tokens; a live step at a smaller K
+    falls back to piecewise graphs. Full-graph keys (``BatchDescriptor``)
+    already tell widths apart by ``num_reqs``, so this adds, per extra width
+    q = K + 1, keys for q x n tokens with n requests, and captures them with
+    vLLM's own ``_warmup_and_capture`` while the runner's width is q. At run
+    time, a step whose requests all have q tokens is dispatched with the width
+    set to q for that one call.
+
+    Replaced on the instances (the classes are untouched), vLLM 0.24.0:
+    ``GPUModelRunner._determine_batch_execution_and_padding``
+    (vllm/v1/worker/gpu_model_runner.py), wrapped to set the width; and
+    ``CudagraphDispatcher._create_padded_batch_descriptor``
+    (vllm/v1/cudagraph_dispatcher.py), which pads the token count to a
+    capture size and asserts it divides by the width: for the extra widths it
+    pads the request count to a captured one instead.
+    """
+
+    def __init__(self, runner: Any):
+        self.runner = runner
+        self.dispatcher = runner.cudagraph_dispatcher
+        self.base_width = int(runner.uniform_decode_query_len)
+        self.request_counts: dict[int, list[int]] = {}
+        """Extra decode width q -> captured request counts, ascending."""
+        self._determine = runner._determine_batch_execution_and_padding
+        self._pad = self.dispatcher._create_padded_batch_descriptor
+        runner._determine_batch_execution_and_padding = self.determine
+        self.dispatcher._create_padded_batch_descriptor = self.pad
+
+    @staticmethod
+    def unsupported(runner: Any) -> str | None:
+        """Why this runner cannot take extra decode graphs, or None."""
+        dispatcher = getattr(runner, "cudagraph_dispatcher", None)
+        mode = getattr(dispatcher, "cudagraph_mode", None)
+        if dispatcher is None or mode is None or str(getattr(runner, "device", "cpu")).startswith("cpu"):
+            return "no CUDA graphs on this device"
+        from vllm.config import CUDAGraphMode
+
+        if mode.decode_mode() != CUDAGraphMode.FULL or not mode.separate_routine():
+            return f"cudagraph_mode {mode.name} has no separate full decode graphs"
+        if getattr(runner, "lora_config", None) is not None:
+            return "LoRA adapters are on (graphs per adapter count are not captured here)"
+        if runner.parallel_config.data_parallel_size > 1:
+            return "data parallelism pads steps across ranks to one width"
+        return None
+
+    @classmethod
+    def of(cls, runner: Any) -> "DecodeGraphs":
+        graphs = getattr(runner, "_quickdraft_decode_graphs", None)
+        if graphs is None:
+            graphs = runner._quickdraft_decode_graphs = cls(runner)
+        return graphs
+
+    @staticmethod
+    def counts_for(max_reqs: int, max_tokens: int, width: int) -> list[int]:
+        """Request counts to capture at one width: every count up to 16, then
+        every 8th (vLLM's own capture sizes step by 8), within the largest
+        capture size."""
+        limit = min(max_reqs, max_tokens // width)
+        return [n for n in range(1, limit + 1) if n <= 16 or n % 8 == 0 or n == limit]
+
+    @contextmanager
+    def width(self, q: int) -> Iterator[None]:
+        runner, dispatcher = self.runner, self.dispatcher
+        saved = runner.uniform_decode_query_len, dispatcher.uniform_decode_query_len
+        runner.uniform_decode_query_len = dispatcher.uniform_decode_query_len = q
+        try:
+            yield
+        finally:
+            runner.uniform_decode_query_len, dispatcher.uniform_decode_query_len = saved
+
+    def determine(self, *args: Any, **kwargs: Any) -> Any:
+        q = kwargs.get("max_num_scheduled_tokens")
+        if (not args and q in self.request_counts and kwargs.get("force_uniform_decode") is None
+                and kwargs["num_tokens"] == q * kwargs["num_reqs"]):
+            with self.width(q):
+                return self._determine(**kwargs)
+        return self._determine(*args, **kwargs)
+
+    def pad(self, num_tokens: int, uniform_decode: bool, has_lora: bool, num_active_loras: int = 0) -> Any:
+        q = self.dispatcher.uniform_decode_query_len
+        counts = self.request_counts.get(q) if uniform_decode else None
+        if counts:
+            from vllm.forward_context import BatchDescriptor
+
+            n = -(-num_tokens // q)
+            for c in counts:
+                if c >= n:
+                    return BatchDescriptor(num_tokens=c * q, num_reqs=c, uniform=True,
+                                           has_lora=has_lora, num_active_loras=num_active_loras)
+            uniform_decode = False  # more requests than captured: piecewise
+        return self._pad(num_tokens, uniform_decode, has_lora, num_active_loras)
+
+    def capture(self, ks: list[int]) -> dict:
+        import torch
+        from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+        from vllm.config import CUDAGraphMode
+        from vllm.distributed.parallel_state import graph_capture
+        from vllm.forward_context import BatchDescriptor
+
+        runner = self.runner
+        max_reqs = runner.scheduler_config.max_num_seqs
+        max_tokens = runner.compilation_config.max_cudagraph_capture_size or 0
+        todo: list[tuple[int, Any]] = []
+        for k in ks:
+            q = k + 1
+            if q == self.base_width or q in self.request_counts or q > self.base_width:
+                continue
+            counts = self.counts_for(max_reqs, max_tokens, q)
+            if not counts:
+                continue
+            self.request_counts[q] = counts
+            for n in counts:
+                desc = BatchDescriptor(num_tokens=n * q, num_reqs=n, uniform=True)
+                self.dispatcher.add_cudagraph_key(CUDAGraphMode.FULL, desc)
+                todo.append((q, desc))
+        # Largest first, as vLLM does, so smaller graphs reuse the pool's memory.
+        todo.sort(key=lambda item: item[1].num_tokens, reverse=True)
+        t0 = time.perf_counter()
+        torch.cuda.synchronize()
+        free_before = torch.cuda.mem_get_info()[0]
+        set_cudagraph_capturing_enabled(True)
+        try:
+            with runner._freeze_gc(), graph_capture(device=runner.device):
+                for q, desc in todo:
+                    with self.width(q):
+                        runner._warmup_and_capture(desc, cudagraph_runtime_mode=CUDAGraphMode.FULL)
+                torch.cuda.synchronize()
+        finally:
+            set_cudagraph_capturing_enabled(False)
+        free_after = torch.cuda.mem_get_info()[0]
+        return {
+            "captured": len(todo),
+            "widths": {str(q): c for q, c in sorted(self.request_counts.items())},
+            "seconds": round(time.perf_counter() - t0, 2),
+            "gib": round((free_before - free_after) / 2**30, 3),
+        }

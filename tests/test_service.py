@@ -122,6 +122,60 @@ def test_timing_and_speculative_figures():
     assert spec.mean_acceptance_length == pytest.approx(2.0)
 
 
+class EngineWideOnly(FakeEngine):
+    """vLLM 0.24: no per-request counters; the stat logger's engine-wide ones
+    grow as the engine steps (here: 2 verify steps of K=5, per-position
+    acceptance 1, 1, 0, 0, 0 over them; another request's steps too)."""
+
+    per_request_metrics = False
+
+    async def generate(self, request_id, prompt_ids, sampling):
+        snap = self.snapshot
+        async for out in super().generate(request_id, prompt_ids, sampling):
+            snap.drafts += 2
+            snap.draft_tokens += 10
+            per = [2, 1, 0, 0, 0]
+            snap.accepted_per_position = [a + b for a, b in zip(snap.accepted_per_position or [0] * 5, per)]
+            out.outputs[0].spec_decode_metrics = None
+            yield out
+
+
+def test_without_per_request_counters_the_engines_over_the_request_are_scaled_to_it():
+    async def run():
+        async def factory(cfg, mode, live=False):
+            engine = EngineWideOnly(mode, live)
+            engine.snapshot.drafts, engine.snapshot.accepted_per_position = 100, [90, 50, 10, 0, 0]  # before: not this request's
+            return engine
+
+        cfg, manager, service = make_service(factory)
+        await manager.start(SpecConfig(True, 5))
+        seen = []
+        service.observers.callbacks.append(lambda record, spec: seen.append(spec))
+        msgs = await collect(service, pb.CompleteRequest(prefix="x = "))
+        await manager.stop()
+        return msgs[-1].final, seen
+
+    final, seen = asyncio.run(run())
+    spec = final.speculative
+    # Over the request: 6 drafts, accepted at position 1 in 6 of them, at 2 in 3, so 1.5 tokens
+    # per draft; its 6 tokens after the first one came from round(5 / 2.5) = 2 verify steps.
+    assert spec.estimated_from_engine and spec.num_drafts == 2 and spec.num_draft_tokens == 10
+    assert list(spec.accepted_per_position) == [2, 1, 0, 0, 0]
+    assert spec.mean_acceptance_length == pytest.approx(2.5)
+    assert seen and seen[0].num_drafts == 2  # the controller gets drafts to measure step time with
+
+
+def test_engine_window_metrics_needs_drafts_in_the_window():
+    from quickdraft.server.engine import EngineSnapshot
+    from quickdraft.server.service import engine_window_metrics
+
+    snap = EngineSnapshot(drafts=10, draft_tokens=50, accepted_per_position=[5, 2])
+    assert engine_window_metrics(snap, snap, 20) is None
+    after = EngineSnapshot(drafts=20, draft_tokens=100, accepted_per_position=[10, 4])
+    m = engine_window_metrics(snap, after, 2)
+    assert sum(m.histogram) == 1 and m.num_draft_tokens == 5 and m.estimated
+
+
 def test_the_record_carries_the_load_at_the_first_token():
     """The controller files TTFT under the load its first token met; the engine
     runs 5 requests then, and 1 by the time this one ends."""

@@ -37,8 +37,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure every config this many times, the order reversed every other round; figures pool the rounds, "
                          "and the report shows each round's (default 1)")
+    ap.add_argument("--one-server", action="store_true",
+                    help="one live-switching server for every config: each static pinned in turn, then the controller "
+                         "(no engine build per config; a static then runs on a live engine)")
     ap.add_argument("--poll-seconds", type=float, default=1.0, help="GetServerInfo poll interval, every server alike (default 1)")
     ap.add_argument("--preset", help="model preset (default embedded)")
+    ap.add_argument("--config", help="TOML configuration for every server (quickdraft serve --config), under --set")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config override for every server (repeatable)")
     add_workload_args(ap)
     # Like with like: no typing cancellations, no chat class (greedy either way).
@@ -66,7 +70,8 @@ def spec_from_args(args: argparse.Namespace) -> PhasesSpec:
     return PhasesSpec(configs=configs, concurrency=list(args.phases), phase_seconds=args.phase_seconds, settle_s=args.settle_seconds,
                       tolerance=args.tolerance, warmup_requests=args.warmup, controller_warmup_s=args.controller_warmup,
                       controller_profile_dir=args.controller_profile_dir, statics_from=list(args.statics_from), poll_s=args.poll_seconds,
-                      preset=args.preset, overrides=_overrides(args.set), rounds=args.rounds)
+                      preset=args.preset, config=args.config, overrides=_overrides(args.set), rounds=args.rounds,
+                      one_server=args.one_server)
 
 
 def reanalyse(path: Path, out: Path) -> dict:

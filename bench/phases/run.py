@@ -126,7 +126,8 @@ class SubprocessLauncher:
     def create(self, conf: SweepConfig, overrides: dict[str, str]) -> Started:
         n = self.started[conf.label] = self.started.get(conf.label, 0) + 1
         name = conf.label if n == 1 else f"{conf.label}.{n}"  # one log per server, rounds included
-        s = servers.quickdraft_server(name, {**self.spec.overrides, **dict(conf.overrides), **overrides}, self.log_dir, preset=self.spec.preset)
+        s = servers.quickdraft_server(name, {**self.spec.overrides, **dict(conf.overrides), **overrides}, self.log_dir, preset=self.spec.preset,
+                                      config=self.spec.config)
         return Started(argv=s.argv, log_path=str(s.log_path), address=f"127.0.0.1:{s.port}", obj=s)
 
     async def launch(self, h: Started) -> None:
@@ -256,7 +257,7 @@ def inline_slo_s(spec: PhasesSpec) -> float | None:
     ``--set controller.ttft_slo_s=...`` made it (the phases' requests are all inline)."""
     from quickdraft.server.config import load_config
 
-    return load_config(env={}, overrides=spec.overrides).controller.ttft_slo_s.get("inline")
+    return load_config(spec.config, env={}, overrides=spec.overrides).controller.ttft_slo_s.get("inline")
 
 
 def run_bench(spec: PhasesSpec, wspec: WorkloadSpec, out: Path, show_progress: bool = True, launcher=None) -> dict:
@@ -301,6 +302,10 @@ def run_bench(spec: PhasesSpec, wspec: WorkloadSpec, out: Path, show_progress: b
         doc["controller_profile"] = {"dir": d, "fresh": src is None, "copied_from": spec.controller_profile_dir, "files": copied}
         return d
 
+    if launcher is None and spec.one_server:
+        from quickdraft.bench.phases.shared import SharedServerLauncher
+
+        launcher = SharedServerLauncher(spec, out / "logs", fresh_profile_dir())
     launcher = launcher or SubprocessLauncher(spec, out / "logs")
     total = spec.rounds * sum(len(spec.concurrency) * spec.phase_seconds + (spec.controller_warmup_s if c.mode == "controller" else 0) for c in confs)
     ui = Progress(total, show_progress)
@@ -308,7 +313,7 @@ def run_bench(spec: PhasesSpec, wspec: WorkloadSpec, out: Path, show_progress: b
     try:
         for rnd in range(spec.rounds):
             for conf in confs if rnd % 2 == 0 else confs[::-1]:
-                profile_dir = fresh_profile_dir() if conf.mode == "controller" else None
+                profile_dir = fresh_profile_dir() if conf.mode == "controller" and not spec.one_server else None
                 row = asyncio.run(measure_config(conf, spec, workload, launcher, ui, profile_dir))
                 if spec.rounds > 1:
                     row["round"] = rnd + 1
@@ -317,6 +322,9 @@ def run_bench(spec: PhasesSpec, wspec: WorkloadSpec, out: Path, show_progress: b
                 report.write_json(out / "phases.json", doc)
     finally:
         ui.close()
+        close = getattr(launcher, "close", None)
+        if close is not None:
+            doc["one_server"] = {"exit_code": close(), "pins": launcher.pins}
     measured = {r["label"] for r in doc["runs"] if r.get("phases")}
     taken_from: dict[str, str] = {}  # label -> the file its runs come from (all its rounds there)
     for r in loaded:
@@ -328,9 +336,12 @@ def run_bench(spec: PhasesSpec, wspec: WorkloadSpec, out: Path, show_progress: b
         doc["runs"].append(r)
     doc["machine_at_end"] = report.machine()
     doc["verdicts"] = verdicts(doc["runs"], phases, spec.settle_s, spec.tolerance, spec.seed_config, inline_slo_s(spec))
-    doc["notes"].append("Configs ran one after another, each on a freshly started server; machine noise between them is not averaged out "
+    where = ("on one server (--one-server): each static pinned on its live engine (PinSpeculation; K up to speculation.max_k), "
+             "then the pin released for the controller; a pin that needed another engine rebuilt it (one_server.pins)"
+             if spec.one_server else "each on a freshly started server")
+    doc["notes"].append(f"Configs ran one after another, {where}; machine noise between them is not averaged out "
                         "(load averages before and after each are in phases.json)." if spec.rounds == 1 else
-                        f"Configs ran one after another, each on a freshly started server, in {spec.rounds} rounds (order reversed every other "
+                        f"Configs ran one after another, {where}, in {spec.rounds} rounds (order reversed every other "
                         "round); a config's figures pool its requests over the rounds, and the per-round figures show the machine's noise.")
     report.write_json(out / "phases.json", doc)
     (out / "phases.md").write_text(markdown(doc))

@@ -35,11 +35,15 @@ class PhasesSpec:
     poll_s: float = 1.0  # GetServerInfo (engine state and config) on every server, alike
     state_every_s: float = 10.0  # GetControllerState, besides the reads at every phase boundary
     preset: str | None = None
+    config: str | None = None  # a TOML file for every server (quickdraft serve --config)
     overrides: dict[str, str] = field(default_factory=dict)
     # Rounds: every config measured this many times, the order reversed every
     # other round (so a slow drift of the machine hits all alike); the verdicts
     # pool each config's requests over its rounds and show each round's figure.
     rounds: int = 1
+    # One live-switching server for every config: statics pinned in turn, then
+    # the controller (bench/phases/shared.py). False: a fresh server per config.
+    one_server: bool = False
 
     def validate(self) -> None:
         if not self.concurrency or any(not 1 <= c <= 256 for c in self.concurrency):

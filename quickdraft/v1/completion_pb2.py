@@ -24,45 +24,49 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1equickdraft/v1/completion.proto\x12\rquickdraft.v1\",\n\x0b\x43ontextFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x91\x03\n\x0f\x43ompleteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\x13\n\x06suffix\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x31\n\rcontext_files\x18\x04 \x03(\x0b\x32\x1a.quickdraft.v1.ContextFile\x12\x13\n\x0blanguage_id\x18\x05 \x01(\t\x12\x11\n\tfile_path\x18\x06 \x01(\t\x12\x11\n\trepo_name\x18\x07 \x01(\t\x12\x12\n\nmax_tokens\x18\x08 \x01(\x05\x12\x18\n\x0btemperature\x18\t \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\n \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x11\n\x04seed\x18\x0c \x01(\x03H\x03\x88\x01\x01\x12\x32\n\rlatency_class\x18\r \x01(\x0e\x32\x1b.quickdraft.v1.LatencyClass\x12\x12\n\nraw_prompt\x18\x0e \x01(\x08\x42\t\n\x07_suffixB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xa6\x02\n\x10SpeculativeStats\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x19\n\x11parallel_drafting\x18\x02 \x01(\x08\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\r\x12\x12\n\nnum_drafts\x18\x04 \x01(\r\x12\x18\n\x10num_draft_tokens\x18\x05 \x01(\r\x12\x1b\n\x13num_accepted_tokens\x18\x06 \x01(\r\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x07 \x03(\r\x12\x1e\n\x16mean_acceptance_length\x18\x08 \x01(\x01\x12\x0e\n\x06\x63onfig\x18\t \x01(\t\x12\x15\n\rlive_switches\x18\n \x01(\r\x12\x15\n\rconfig_at_end\x18\x0b \x01(\t\"\xf1\x01\n\rCompleteFinal\x12\x32\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1b.quickdraft.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x05 \x01(\x01\x12\x0e\n\x06\x65\x32\x65_ms\x18\x06 \x01(\x01\x12\x34\n\x0bspeculative\x18\x07 \x01(\x0b\x32\x1f.quickdraft.v1.SpeculativeStats\x12\x12\n\nrequest_id\x18\x08 \x01(\t\"M\n\x10\x43ompleteResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12+\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1c.quickdraft.v1.CompleteFinal\"\x16\n\x14GetServerInfoRequest\"\xff\x01\n\x11SpeculativeConfig\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x0f\n\x07\x64rafter\x18\x02 \x01(\t\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\r\x12\x19\n\x11parallel_drafting\x18\x04 \x01(\x08\x12\x31\n\x0eper_batch_size\x18\x05 \x03(\x0b\x32\x19.quickdraft.v1.BatchSizeK\x12\r\n\x05label\x18\x06 \x01(\t\x12\x0c\n\x04live\x18\x07 \x01(\x08\x12\'\n\x1flive_max_num_speculative_tokens\x18\x08 \x01(\r\x12\x15\n\rlive_switches\x18\t \x01(\r\"\\\n\nBatchSizeK\x12\x16\n\x0emin_batch_size\x18\x01 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x02 \x01(\r\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\r\"\xe7\x01\n\x06Limits\x12\x1e\n\x16max_concurrent_streams\x18\x01 \x01(\r\x12\x19\n\x11max_prompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x03 \x01(\r\x12\x19\n\x11max_context_files\x18\x04 \x01(\r\x12\x19\n\x11max_request_bytes\x18\x05 \x01(\r\x12\x1a\n\x12max_stop_sequences\x18\x06 \x01(\r\x12\x1c\n\x14prompt_budget_tokens\x18\x07 \x01(\r\x12\x17\n\x0f\x63hars_per_token\x18\x08 \x01(\x02\"\x80\x02\n\nServerInfo\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07\x64rafter\x18\x03 \x01(\t\x12\x14\n\x0cvllm_version\x18\x04 \x01(\t\x12\x10\n\x08hardware\x18\x05 \x01(\t\x12\x35\n\x0bspeculative\x18\x06 \x01(\x0b\x32 .quickdraft.v1.SpeculativeConfig\x12%\n\x06limits\x18\x07 \x01(\x0b\x32\x15.quickdraft.v1.Limits\x12\x15\n\rprompt_format\x18\x08 \x01(\t\x12\r\n\x05state\x18\t \x01(\t\x12\x0e\n\x06preset\x18\n \x01(\t\"\x1b\n\x19GetControllerStateRequest\"\xc9\x01\n\x11\x43\x61ndidateEstimate\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\x12\x19\n\x11parallel_drafting\x18\x02 \x01(\x08\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\r\x12\x19\n\x11predicted_tpot_ms\x18\x04 \x01(\x01\x12\x19\n\x11predicted_ttft_ms\x18\x05 \x01(\x01\x12\"\n\x1a\x65xpected_acceptance_length\x18\x06 \x01(\x01\x12\x0f\n\x07samples\x18\x07 \x01(\r\"o\n\x12\x43ontrollerDecision\x12\x11\n\tunix_time\x18\x01 \x01(\x01\x12\x13\n\x0b\x66rom_config\x18\x02 \x01(\t\x12\x11\n\tto_config\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x05 \x01(\t\"\xc1\x02\n\x0f\x43ontrollerState\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x30\n\x06\x61\x63tive\x18\x02 \x01(\x0b\x32 .quickdraft.v1.SpeculativeConfig\x12\x34\n\ncandidates\x18\x03 \x03(\x0b\x32 .quickdraft.v1.CandidateEstimate\x12\x34\n\tdecisions\x18\x04 \x03(\x0b\x32!.quickdraft.v1.ControllerDecision\x12\x1f\n\x17\x61\x63\x63\x65ptance_per_position\x18\x05 \x03(\x01\x12\x18\n\x10running_requests\x18\x06 \x01(\x01\x12\x14\n\x0cprofile_path\x18\x07 \x01(\t\x12\x17\n\x0f\x65ngine_rebuilds\x18\x08 \x01(\r\x12\x15\n\rlive_switches\x18\t \x01(\r*x\n\x0cLatencyClass\x12\x1d\n\x19LATENCY_CLASS_UNSPECIFIED\x10\x00\x12\x18\n\x14LATENCY_CLASS_INLINE\x10\x01\x12\x16\n\x12LATENCY_CLASS_CHAT\x10\x02\x12\x17\n\x13LATENCY_CLASS_BATCH\x10\x03*z\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x03\x32\x8c\x02\n\nCompletion\x12M\n\x08\x43omplete\x12\x1e.quickdraft.v1.CompleteRequest\x1a\x1f.quickdraft.v1.CompleteResponse0\x01\x12O\n\rGetServerInfo\x12#.quickdraft.v1.GetServerInfoRequest\x1a\x19.quickdraft.v1.ServerInfo\x12^\n\x12GetControllerState\x12(.quickdraft.v1.GetControllerStateRequest\x1a\x1e.quickdraft.v1.ControllerStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1equickdraft/v1/completion.proto\x12\rquickdraft.v1\",\n\x0b\x43ontextFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x91\x03\n\x0f\x43ompleteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\x12\x13\n\x06suffix\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x31\n\rcontext_files\x18\x04 \x03(\x0b\x32\x1a.quickdraft.v1.ContextFile\x12\x13\n\x0blanguage_id\x18\x05 \x01(\t\x12\x11\n\tfile_path\x18\x06 \x01(\t\x12\x11\n\trepo_name\x18\x07 \x01(\t\x12\x12\n\nmax_tokens\x18\x08 \x01(\x05\x12\x18\n\x0btemperature\x18\t \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\n \x01(\x02H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x11\n\x04seed\x18\x0c \x01(\x03H\x03\x88\x01\x01\x12\x32\n\rlatency_class\x18\r \x01(\x0e\x32\x1b.quickdraft.v1.LatencyClass\x12\x12\n\nraw_prompt\x18\x0e \x01(\x08\x42\t\n\x07_suffixB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"\xc5\x02\n\x10SpeculativeStats\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x19\n\x11parallel_drafting\x18\x02 \x01(\x08\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\r\x12\x12\n\nnum_drafts\x18\x04 \x01(\r\x12\x18\n\x10num_draft_tokens\x18\x05 \x01(\r\x12\x1b\n\x13num_accepted_tokens\x18\x06 \x01(\r\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x07 \x03(\r\x12\x1e\n\x16mean_acceptance_length\x18\x08 \x01(\x01\x12\x0e\n\x06\x63onfig\x18\t \x01(\t\x12\x15\n\rlive_switches\x18\n \x01(\r\x12\x15\n\rconfig_at_end\x18\x0b \x01(\t\x12\x1d\n\x15\x65stimated_from_engine\x18\x0c \x01(\x08\"\xf1\x01\n\rCompleteFinal\x12\x32\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1b.quickdraft.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\x12\x0f\n\x07ttft_ms\x18\x04 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x05 \x01(\x01\x12\x0e\n\x06\x65\x32\x65_ms\x18\x06 \x01(\x01\x12\x34\n\x0bspeculative\x18\x07 \x01(\x0b\x32\x1f.quickdraft.v1.SpeculativeStats\x12\x12\n\nrequest_id\x18\x08 \x01(\t\"M\n\x10\x43ompleteResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12+\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1c.quickdraft.v1.CompleteFinal\"\x16\n\x14GetServerInfoRequest\"\xff\x01\n\x11SpeculativeConfig\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x0f\n\x07\x64rafter\x18\x02 \x01(\t\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\r\x12\x19\n\x11parallel_drafting\x18\x04 \x01(\x08\x12\x31\n\x0eper_batch_size\x18\x05 \x03(\x0b\x32\x19.quickdraft.v1.BatchSizeK\x12\r\n\x05label\x18\x06 \x01(\t\x12\x0c\n\x04live\x18\x07 \x01(\x08\x12\'\n\x1flive_max_num_speculative_tokens\x18\x08 \x01(\r\x12\x15\n\rlive_switches\x18\t \x01(\r\">\n\x15PinSpeculationRequest\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\x12\x15\n\rallow_rebuild\x18\x02 \x01(\x08\"~\n\x16PinSpeculationResponse\x12\x30\n\x06\x63onfig\x18\x01 \x01(\x0b\x32 .quickdraft.v1.SpeculativeConfig\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\t\x12\x11\n\tswitch_ms\x18\x04 \x01(\x01\"\\\n\nBatchSizeK\x12\x16\n\x0emin_batch_size\x18\x01 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x02 \x01(\r\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\r\"\xe7\x01\n\x06Limits\x12\x1e\n\x16max_concurrent_streams\x18\x01 \x01(\r\x12\x19\n\x11max_prompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x03 \x01(\r\x12\x19\n\x11max_context_files\x18\x04 \x01(\r\x12\x19\n\x11max_request_bytes\x18\x05 \x01(\r\x12\x1a\n\x12max_stop_sequences\x18\x06 \x01(\r\x12\x1c\n\x14prompt_budget_tokens\x18\x07 \x01(\r\x12\x17\n\x0f\x63hars_per_token\x18\x08 \x01(\x02\"\x80\x02\n\nServerInfo\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07\x64rafter\x18\x03 \x01(\t\x12\x14\n\x0cvllm_version\x18\x04 \x01(\t\x12\x10\n\x08hardware\x18\x05 \x01(\t\x12\x35\n\x0bspeculative\x18\x06 \x01(\x0b\x32 .quickdraft.v1.SpeculativeConfig\x12%\n\x06limits\x18\x07 \x01(\x0b\x32\x15.quickdraft.v1.Limits\x12\x15\n\rprompt_format\x18\x08 \x01(\t\x12\r\n\x05state\x18\t \x01(\t\x12\x0e\n\x06preset\x18\n \x01(\t\"\x1b\n\x19GetControllerStateRequest\"\xc9\x01\n\x11\x43\x61ndidateEstimate\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\x12\x19\n\x11parallel_drafting\x18\x02 \x01(\x08\x12\x1e\n\x16num_speculative_tokens\x18\x03 \x01(\r\x12\x19\n\x11predicted_tpot_ms\x18\x04 \x01(\x01\x12\x19\n\x11predicted_ttft_ms\x18\x05 \x01(\x01\x12\"\n\x1a\x65xpected_acceptance_length\x18\x06 \x01(\x01\x12\x0f\n\x07samples\x18\x07 \x01(\r\"o\n\x12\x43ontrollerDecision\x12\x11\n\tunix_time\x18\x01 \x01(\x01\x12\x13\n\x0b\x66rom_config\x18\x02 \x01(\t\x12\x11\n\tto_config\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x05 \x01(\t\"\xd1\x02\n\x0f\x43ontrollerState\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x30\n\x06\x61\x63tive\x18\x02 \x01(\x0b\x32 .quickdraft.v1.SpeculativeConfig\x12\x34\n\ncandidates\x18\x03 \x03(\x0b\x32 .quickdraft.v1.CandidateEstimate\x12\x34\n\tdecisions\x18\x04 \x03(\x0b\x32!.quickdraft.v1.ControllerDecision\x12\x1f\n\x17\x61\x63\x63\x65ptance_per_position\x18\x05 \x03(\x01\x12\x18\n\x10running_requests\x18\x06 \x01(\x01\x12\x14\n\x0cprofile_path\x18\x07 \x01(\t\x12\x17\n\x0f\x65ngine_rebuilds\x18\x08 \x01(\r\x12\x15\n\rlive_switches\x18\t \x01(\r\x12\x0e\n\x06pinned\x18\n \x01(\t*x\n\x0cLatencyClass\x12\x1d\n\x19LATENCY_CLASS_UNSPECIFIED\x10\x00\x12\x18\n\x14LATENCY_CLASS_INLINE\x10\x01\x12\x16\n\x12LATENCY_CLASS_CHAT\x10\x02\x12\x17\n\x13LATENCY_CLASS_BATCH\x10\x03*z\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x03\x32\xeb\x02\n\nCompletion\x12M\n\x08\x43omplete\x12\x1e.quickdraft.v1.CompleteRequest\x1a\x1f.quickdraft.v1.CompleteResponse0\x01\x12O\n\rGetServerInfo\x12#.quickdraft.v1.GetServerInfoRequest\x1a\x19.quickdraft.v1.ServerInfo\x12^\n\x12GetControllerState\x12(.quickdraft.v1.GetControllerStateRequest\x1a\x1e.quickdraft.v1.ControllerState\x12]\n\x0ePinSpeculation\x12$.quickdraft.v1.PinSpeculationRequest\x1a%.quickdraft.v1.PinSpeculationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'quickdraft.v1.completion_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LATENCYCLASS']._serialized_start=2658
-  _globals['_LATENCYCLASS']._serialized_end=2778
-  _globals['_FINISHREASON']._serialized_start=2780
-  _globals['_FINISHREASON']._serialized_end=2902
+  _globals['_LATENCYCLASS']._serialized_start=2897
+  _globals['_LATENCYCLASS']._serialized_end=3017
+  _globals['_FINISHREASON']._serialized_start=3019
+  _globals['_FINISHREASON']._serialized_end=3141
   _globals['_CONTEXTFILE']._serialized_start=49
   _globals['_CONTEXTFILE']._serialized_end=93
   _globals['_COMPLETEREQUEST']._serialized_start=96
   _globals['_COMPLETEREQUEST']._serialized_end=497
   _globals['_SPECULATIVESTATS']._serialized_start=500
-  _globals['_SPECULATIVESTATS']._serialized_end=794
-  _globals['_COMPLETEFINAL']._serialized_start=797
-  _globals['_COMPLETEFINAL']._serialized_end=1038
-  _globals['_COMPLETERESPONSE']._serialized_start=1040
-  _globals['_COMPLETERESPONSE']._serialized_end=1117
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=1119
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=1141
-  _globals['_SPECULATIVECONFIG']._serialized_start=1144
-  _globals['_SPECULATIVECONFIG']._serialized_end=1399
-  _globals['_BATCHSIZEK']._serialized_start=1401
-  _globals['_BATCHSIZEK']._serialized_end=1493
-  _globals['_LIMITS']._serialized_start=1496
-  _globals['_LIMITS']._serialized_end=1727
-  _globals['_SERVERINFO']._serialized_start=1730
-  _globals['_SERVERINFO']._serialized_end=1986
-  _globals['_GETCONTROLLERSTATEREQUEST']._serialized_start=1988
-  _globals['_GETCONTROLLERSTATEREQUEST']._serialized_end=2015
-  _globals['_CANDIDATEESTIMATE']._serialized_start=2018
-  _globals['_CANDIDATEESTIMATE']._serialized_end=2219
-  _globals['_CONTROLLERDECISION']._serialized_start=2221
-  _globals['_CONTROLLERDECISION']._serialized_end=2332
-  _globals['_CONTROLLERSTATE']._serialized_start=2335
-  _globals['_CONTROLLERSTATE']._serialized_end=2656
-  _globals['_COMPLETION']._serialized_start=2905
-  _globals['_COMPLETION']._serialized_end=3173
+  _globals['_SPECULATIVESTATS']._serialized_end=825
+  _globals['_COMPLETEFINAL']._serialized_start=828
+  _globals['_COMPLETEFINAL']._serialized_end=1069
+  _globals['_COMPLETERESPONSE']._serialized_start=1071
+  _globals['_COMPLETERESPONSE']._serialized_end=1148
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=1150
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=1172
+  _globals['_SPECULATIVECONFIG']._serialized_start=1175
+  _globals['_SPECULATIVECONFIG']._serialized_end=1430
+  _globals['_PINSPECULATIONREQUEST']._serialized_start=1432
+  _globals['_PINSPECULATIONREQUEST']._serialized_end=1494
+  _globals['_PINSPECULATIONRESPONSE']._serialized_start=1496
+  _globals['_PINSPECULATIONRESPONSE']._serialized_end=1622
+  _globals['_BATCHSIZEK']._serialized_start=1624
+  _globals['_BATCHSIZEK']._serialized_end=1716
+  _globals['_LIMITS']._serialized_start=1719
+  _globals['_LIMITS']._serialized_end=1950
+  _globals['_SERVERINFO']._serialized_start=1953
+  _globals['_SERVERINFO']._serialized_end=2209
+  _globals['_GETCONTROLLERSTATEREQUEST']._serialized_start=2211
+  _globals['_GETCONTROLLERSTATEREQUEST']._serialized_end=2238
+  _globals['_CANDIDATEESTIMATE']._serialized_start=2241
+  _globals['_CANDIDATEESTIMATE']._serialized_end=2442
+  _globals['_CONTROLLERDECISION']._serialized_start=2444
+  _globals['_CONTROLLERDECISION']._serialized_end=2555
+  _globals['_CONTROLLERSTATE']._serialized_start=2558
+  _globals['_CONTROLLERSTATE']._serialized_end=2895
+  _globals['_COMPLETION']._serialized_start=3144
+  _globals['_COMPLETION']._serialized_end=3507
 # @@protoc_insertion_point(module_scope)

@@ -70,7 +70,7 @@ class CompleteRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prefix: _Optional[str] = ..., suffix: _Optional[str] = ..., context_files: _Optional[_Iterable[_Union[ContextFile, _Mapping]]] = ..., language_id: _Optional[str] = ..., file_path: _Optional[str] = ..., repo_name: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., latency_class: _Optional[_Union[LatencyClass, str]] = ..., raw_prompt: _Optional[bool] = ...) -> None: ...
 
 class SpeculativeStats(_message.Message):
-    __slots__ = ("enabled", "parallel_drafting", "num_speculative_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position", "mean_acceptance_length", "config", "live_switches", "config_at_end")
+    __slots__ = ("enabled", "parallel_drafting", "num_speculative_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position", "mean_acceptance_length", "config", "live_switches", "config_at_end", "estimated_from_engine")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_DRAFTING_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class SpeculativeStats(_message.Message):
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     LIVE_SWITCHES_FIELD_NUMBER: _ClassVar[int]
     CONFIG_AT_END_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_FROM_ENGINE_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     parallel_drafting: bool
     num_speculative_tokens: int
@@ -93,7 +94,8 @@ class SpeculativeStats(_message.Message):
     config: str
     live_switches: int
     config_at_end: str
-    def __init__(self, enabled: _Optional[bool] = ..., parallel_drafting: _Optional[bool] = ..., num_speculative_tokens: _Optional[int] = ..., num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., mean_acceptance_length: _Optional[float] = ..., config: _Optional[str] = ..., live_switches: _Optional[int] = ..., config_at_end: _Optional[str] = ...) -> None: ...
+    estimated_from_engine: bool
+    def __init__(self, enabled: _Optional[bool] = ..., parallel_drafting: _Optional[bool] = ..., num_speculative_tokens: _Optional[int] = ..., num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., mean_acceptance_length: _Optional[float] = ..., config: _Optional[str] = ..., live_switches: _Optional[int] = ..., config_at_end: _Optional[str] = ..., estimated_from_engine: _Optional[bool] = ...) -> None: ...
 
 class CompleteFinal(_message.Message):
     __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "speculative", "request_id")
@@ -148,6 +150,26 @@ class SpeculativeConfig(_message.Message):
     live_max_num_speculative_tokens: int
     live_switches: int
     def __init__(self, method: _Optional[str] = ..., drafter: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., parallel_drafting: _Optional[bool] = ..., per_batch_size: _Optional[_Iterable[_Union[BatchSizeK, _Mapping]]] = ..., label: _Optional[str] = ..., live: _Optional[bool] = ..., live_max_num_speculative_tokens: _Optional[int] = ..., live_switches: _Optional[int] = ...) -> None: ...
+
+class PinSpeculationRequest(_message.Message):
+    __slots__ = ("config", "allow_rebuild")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_REBUILD_FIELD_NUMBER: _ClassVar[int]
+    config: str
+    allow_rebuild: bool
+    def __init__(self, config: _Optional[str] = ..., allow_rebuild: _Optional[bool] = ...) -> None: ...
+
+class PinSpeculationResponse(_message.Message):
+    __slots__ = ("config", "pinned", "applied", "switch_ms")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    SWITCH_MS_FIELD_NUMBER: _ClassVar[int]
+    config: SpeculativeConfig
+    pinned: bool
+    applied: str
+    switch_ms: float
+    def __init__(self, config: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., pinned: _Optional[bool] = ..., applied: _Optional[str] = ..., switch_ms: _Optional[float] = ...) -> None: ...
 
 class BatchSizeK(_message.Message):
     __slots__ = ("min_batch_size", "max_batch_size", "num_speculative_tokens")
@@ -240,7 +262,7 @@ class ControllerDecision(_message.Message):
     def __init__(self, unix_time: _Optional[float] = ..., from_config: _Optional[str] = ..., to_config: _Optional[str] = ..., reason: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
 
 class ControllerState(_message.Message):
-    __slots__ = ("enabled", "active", "candidates", "decisions", "acceptance_per_position", "running_requests", "profile_path", "engine_rebuilds", "live_switches")
+    __slots__ = ("enabled", "active", "candidates", "decisions", "acceptance_per_position", "running_requests", "profile_path", "engine_rebuilds", "live_switches", "pinned")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +272,7 @@ class ControllerState(_message.Message):
     PROFILE_PATH_FIELD_NUMBER: _ClassVar[int]
     ENGINE_REBUILDS_FIELD_NUMBER: _ClassVar[int]
     LIVE_SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     active: SpeculativeConfig
     candidates: _containers.RepeatedCompositeFieldContainer[CandidateEstimate]
@@ -259,4 +282,5 @@ class ControllerState(_message.Message):
     profile_path: str
     engine_rebuilds: int
     live_switches: int
-    def __init__(self, enabled: _Optional[bool] = ..., active: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[CandidateEstimate, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[ControllerDecision, _Mapping]]] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., running_requests: _Optional[float] = ..., profile_path: _Optional[str] = ..., engine_rebuilds: _Optional[int] = ..., live_switches: _Optional[int] = ...) -> None: ...
+    pinned: str
+    def __init__(self, enabled: _Optional[bool] = ..., active: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[CandidateEstimate, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[ControllerDecision, _Mapping]]] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., running_requests: _Optional[float] = ..., profile_path: _Optional[str] = ..., engine_rebuilds: _Optional[int] = ..., live_switches: _Optional[int] = ..., pinned: _Optional[str] = ...) -> None: ...

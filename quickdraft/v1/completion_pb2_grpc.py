@@ -49,6 +49,11 @@ class CompletionStub:
                 request_serializer=quickdraft_dot_v1_dot_completion__pb2.GetControllerStateRequest.SerializeToString,
                 response_deserializer=quickdraft_dot_v1_dot_completion__pb2.ControllerState.FromString,
                 _registered_method=True)
+        self.PinSpeculation = channel.unary_unary(
+                '/quickdraft.v1.Completion/PinSpeculation',
+                request_serializer=quickdraft_dot_v1_dot_completion__pb2.PinSpeculationRequest.SerializeToString,
+                response_deserializer=quickdraft_dot_v1_dot_completion__pb2.PinSpeculationResponse.FromString,
+                _registered_method=True)
 
 
 class CompletionServicer:
@@ -81,6 +86,17 @@ class CompletionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PinSpeculation(self, request, context):
+        """Fixes the speculative config until the pin is released (operators,
+        benchmarks): the controller, when on, stops choosing meanwhile and
+        learns nothing from the pinned traffic. A config the serving engine
+        cannot switch to live is FAILED_PRECONDITION unless allow_rebuild is set.
+        Needs the server's bearer token when auth is on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CompletionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -98,6 +114,11 @@ def add_CompletionServicer_to_server(servicer, server):
                     servicer.GetControllerState,
                     request_deserializer=quickdraft_dot_v1_dot_completion__pb2.GetControllerStateRequest.FromString,
                     response_serializer=quickdraft_dot_v1_dot_completion__pb2.ControllerState.SerializeToString,
+            ),
+            'PinSpeculation': grpc.unary_unary_rpc_method_handler(
+                    servicer.PinSpeculation,
+                    request_deserializer=quickdraft_dot_v1_dot_completion__pb2.PinSpeculationRequest.FromString,
+                    response_serializer=quickdraft_dot_v1_dot_completion__pb2.PinSpeculationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +202,33 @@ class Completion:
             '/quickdraft.v1.Completion/GetControllerState',
             quickdraft_dot_v1_dot_completion__pb2.GetControllerStateRequest.SerializeToString,
             quickdraft_dot_v1_dot_completion__pb2.ControllerState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PinSpeculation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quickdraft.v1.Completion/PinSpeculation',
+            quickdraft_dot_v1_dot_completion__pb2.PinSpeculationRequest.SerializeToString,
+            quickdraft_dot_v1_dot_completion__pb2.PinSpeculationResponse.FromString,
             options,
             channel_credentials,
             insecure,

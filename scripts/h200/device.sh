@@ -6,7 +6,8 @@
 #   scripts/h200/device.sh start ARGS...  # last part: unpack, then start
 #                                         # `quickdraft tune ARGS` in the background
 #                                         # (ENTRY=quickdraft.bench.grpc_overhead: that
-#                                         # benchmark instead, with the same --config)
+#                                         # benchmark instead, with the same --config;
+#                                         # JOB=scripts/h200/jobs/X.sh: that job script)
 #   scripts/h200/device.sh wait SECONDS   # later calls: wait for it, copy results to $OUT
 #
 # The tune run outlives one call (a call lasts 10 minutes at most) because it
@@ -56,11 +57,6 @@ install_package() {
     printf '[vllm.general_plugins]\nquickdraft_live = quickdraft.server.vllm_live:register\n' > "$info/entry_points.txt"
 }
 
-# Wheels found missing after packing travel in .gpu/extra and are unpacked over the site.
-add_extras() {
-    for w in .gpu/extra/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" "$SITE" && echo "added $(basename "$w")"; done
-}
-
 case "${1:-stash}" in
 stash)
     ls -la "$PARTS"
@@ -69,16 +65,22 @@ start)
     shift
     unpack
     install_package
-    add_extras
     # PYTHONSAFEPATH: python -P for spawned Python processes too (benchmark clients).
     export PYTHONPATH="$PKG:$SITE" PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
     python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))" || exit 4
     pkill -f "python3 -P -m $ENTRY" && sleep 5  # not "$ENTRY" alone: it matches this call's own command line
     [ -n "${SKIP_PREFLIGHT:-}" ] || python3 -P scripts/h200/preflight.py "$CONFIG" || exit 5
     rm -rf "$RUN"/done "$RUN"/rc "$RUN"/out && mkdir -p "$RUN"/out
-    # Quote each argument again for the inner shell ("--configs 'parallel K=5,...'" has spaces).
-    printf -v args ' %q' "$@"
-    setsid bash -c "python3 -P -m $ENTRY --config $CONFIG$args > $RUN/log 2>&1; echo \$? > $RUN/rc; touch $RUN/done" < /dev/null &
+    if [ -n "${JOB:-}" ]; then
+        # A committed job script (scripts/h200/jobs/): several runs in one go, results into $OUT_DIR.
+        job="CONFIG=$CONFIG OUT_DIR=$RUN/out bash $JOB"
+    else
+        # Quote each argument again for the inner shell ("--configs 'parallel K=5,...'" has spaces).
+        printf -v args ' %q' "$@"
+        job="python3 -P -m $ENTRY --config $CONFIG$args"
+    fi
+    pkill -f "bash scripts/h200/jobs/" && sleep 5
+    setsid bash -c "$job > $RUN/log 2>&1; echo \$? > $RUN/rc; touch $RUN/done" < /dev/null &
     sleep "${WAIT_FIRST:-60}"
     tail -c 4000 "$RUN/log"
     ;;

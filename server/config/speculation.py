@@ -39,6 +39,12 @@ class SpeculationConfig:
     max_k: int = 7
     """Largest K a live engine can run without a rebuild (its vLLM
     `num_speculative_tokens`). Larger costs a little memory per request."""
+    live_decode_graphs: bool = True
+    """On CUDA, capture full CUDA graphs for decode steps at every K from 0
+    to `max_k` when a live engine starts (vLLM captures them only at
+    `max_k`; other K then run piecewise graphs, about 2x slower per step at
+    one stream on an H200). Costs start-up seconds and a little GPU memory,
+    both logged. No effect on the CPU build, which has no graphs."""
     off_engine: str = "auto"
     """How speculation off is served while live switching is on: "live"
     (K=0 on the speculative engine: instant, but each step still runs the

@@ -18,6 +18,7 @@ from quickdraft.bench.phases.plot import plot, rolling_tpot
 from quickdraft.bench.phases.rebuilds import failed_during, rebuild_accounting, rebuild_windows
 from quickdraft.bench.phases.report import markdown
 from quickdraft.bench.phases.run import Started, phase_figures, run_bench
+from quickdraft.bench.phases.shared import SHARED_OVERRIDES, SharedServerLauncher
 from quickdraft.bench.phases.statics import load_statics
 from quickdraft.bench.phases.timeline import (
     REQ_COLUMNS,
@@ -568,3 +569,68 @@ def test_rounds_run_every_config_again_in_reversed_order(tmp_path):
     assert doc["verdicts"]["statics"] == ["p5", "off"]  # one entry per config, its rounds pooled
     md = (tmp_path / "out" / "phases.md").read_text()
     assert "| p5 (round 1) |" in md and "| p5 (round 2) |" in md and "in 2 rounds" in md
+
+
+class InProcessSharedLauncher(SharedServerLauncher):
+    """--one-server over an in-process QuickdraftServer of fake live engines
+    (K and the drafting mode switch live), on a thread of its own so that it outlives each config's event loop."""
+
+    def __init__(self, spec, tmp_path):
+        super().__init__(spec, tmp_path / "logs", str(tmp_path / "profile"))
+        self.loop = None
+        self.made = []
+
+    def create(self, conf, overrides):
+        if self.server is None:
+            self.server = Started(argv=["in-process", "one-server"], log_path=None)
+        return Started(argv=self.server.argv, log_path=None, address=self.server.address, obj=conf)
+
+    async def start_shared(self, shared):
+        from quickdraft.bench.gate import LoopThread
+        from quickdraft.server.app import QuickdraftServer
+        from quickdraft.server.config import load_config
+        from tests.bench.fakes import FakeEngine
+
+        cfg = load_config(env={}, overrides={"server.port": 0, "telemetry.metrics_port": 0, "controller.decide_every_s": "3600",
+                                             **SHARED_OVERRIDES, "controller.profile_dir": self.profile_dir})
+        made = self.made
+
+        async def factory(cfg, spec, live=False):
+            made.append(FakeEngine(spec, live, step_s=0.01))
+            return made[-1]
+
+        async def boot():
+            server = QuickdraftServer(cfg, engine_factory=factory)
+            await server.start()
+            await server.wait_ready(60)
+            server.service.server_info()
+            return server
+
+        self.loop = LoopThread()
+        server = self.loop.run(boot())
+        shared.obj, shared.address, shared.start_s = server, f"127.0.0.1:{server.port}", 0.0
+
+    def close(self):
+        if self.loop is None:
+            return None
+        self.loop.run(self.server.obj.shutdown(0.5))
+        self.loop.stop()
+        return 0
+
+
+def test_one_server_pins_each_static_then_releases_for_the_controller(tmp_path):
+    spec = PhasesSpec(configs=["p5", "p3", "ar3", "controller"], phase_seconds=0.6, settle_s=0.2, warmup_requests=1,
+                      controller_warmup_s=0.3, poll_s=0.05, state_every_s=0.5, one_server=True)
+    wspec = WorkloadSpec(tasks=32, seed=1, single_line_max_tokens=12, multi_line_max_tokens=24, cancel_share=0.0, chat_share=0.0)
+    launcher = InProcessSharedLauncher(spec, tmp_path)
+    doc = run_bench(spec, wspec, tmp_path / "out", show_progress=False, launcher=launcher)
+    runs = {r["label"]: r for r in doc["runs"]}
+    assert all("error" not in r for r in runs.values()), [r.get("error") for r in runs.values()]
+    # Every static is a live switch of the one engine; the controller gets the pin released.
+    assert [(p["config"], p["applied"]) for p in doc["one_server"]["pins"]] == [
+        ("p5", "unchanged"), ("p3", "live"), ("ar3", "live"), ("controller", "released")]
+    assert len(launcher.made) == 1
+    assert runs["p3"]["engine_configs_seen"] == ["p3"] and runs["ar3"]["engine_configs_seen"] == ["ar3"]
+    assert all(p["whole"]["failed"] == 0 and p["whole"]["requests"] > 0 for r in runs.values() for p in r["phases"])
+    assert runs["controller"]["server"]["controller_reads"][0]["enabled"]
+    assert "on one server (--one-server)" in " ".join(doc["notes"])

@@ -231,3 +231,14 @@ def test_thousand_switches_do_not_grow_memory(run, live_engine):
     run(churn(1000), timeout=900)
     after = _rss_mib(pids)
     assert after - before < 32, f"engine processes grew {after - before:.1f} MiB over 1,000 switches"
+
+
+def test_decode_graphs_are_skipped_without_cuda_graphs(run, live_engine):
+    """The CPU build has no CUDA graphs: asking for decode graphs at every
+    live K is answered with the reason and leaves the engine serving."""
+    from quickdraft.server import vllm_live
+
+    report = run(vllm_live.capture_decode_graphs(live_engine.llm, list(range(live_engine.max_k))))
+    assert "no CUDA graphs" in report["skipped"]
+    ids = prompts(live_engine, 1)[0]
+    assert len(run(generate(live_engine, ids, "after-capture", 8))) == 8

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Live switching on the H200 (docs/benchmarks.md, "Live switching" and "The
+# controller under a changing load"), as one background job of device.sh:
+#   JOB=scripts/h200/jobs/live-phases.sh SKIP_PREFLIGHT=1 scripts/h200/device.sh start
+# 1. bench phases --one-server: 1 -> 8 -> 1 streams, every static config
+#    pinned in turn on one live engine, then the controller.
+# 2. bench live-switch: P-EAGLE K=5 on the live engine against an engine
+#    built for it alone (what a pinned static costs), and switch latency
+#    under load.
+# Results land flat in $OUT_DIR (device.sh wait copies files, not folders).
+set -uo pipefail
+: "${CONFIG:?}" "${OUT_DIR:?}"
+PHASE_S=${PHASE_S:-20}
+CTL_WARMUP=${CTL_WARMUP:-45}
+rc=0
+python3 -P -m quickdraft bench phases --one-server --config "$CONFIG" --phase-seconds "$PHASE_S" --settle-seconds 10 \
+    --controller-warmup "$CTL_WARMUP" --out "$OUT_DIR/phases" --no-progress || rc=1
+for f in phases.json phases.md phases.png; do cp "$OUT_DIR/phases/$f" "$OUT_DIR/h200-$f" 2>/dev/null; done
+cp "$OUT_DIR/phases/logs/one-server.server.log" "$OUT_DIR/h200-phases-server.log" 2>/dev/null
+python3 -P -m quickdraft bench live-switch --config "$CONFIG" --configs "${LIVE_CONFIGS:-parallel K=5,autoregressive K=5,parallel K=3}" \
+    --concurrency 1,8 --requests 16 --rounds ${LIVE_ROUNDS:-2} --switches ${SWITCHES:-300} --static "parallel K=5" \
+    --json "$OUT_DIR/h200-live-switch.json" || rc=1
+exit $rc

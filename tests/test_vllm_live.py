@@ -1,0 +1,116 @@
+"""server/vllm_live.py without an engine: version gate, switch requests, and
+the decode-graph bookkeeping that lets a live step at any K replay a full
+CUDA graph (checked here on fakes of vLLM's runner and dispatcher; the graphs
+themselves only exist on CUDA, bench/live_switch.py measures them there)."""
+
+from __future__ import annotations
+
+import pytest
+
+from quickdraft.server import vllm_live
+from quickdraft.server.speculative import SpecConfig
+from quickdraft.server.vllm_live import DecodeGraphs, LiveSwitchUnsupported
+
+
+def test_unsupported_vllm_is_refused_with_the_fix():
+    with pytest.raises(LiveSwitchUnsupported, match="live_switching = false"):
+        vllm_live.check_supported("0.30.1")
+    vllm_live.check_supported("0.32.0+cpu")
+    vllm_live.check_supported("0.24.0")
+
+
+def test_live_request_checks_k_and_mode():
+    state = vllm_live.live_request(SpecConfig.scheduled(True, [(1, 1, 7), (2, 8, 3)]), max_k=7, max_batch=8,
+                                   parallel_capable=True)
+    assert state.parallel and state.dense[1] == 7 and state.dense[2:] == (3,) * 7
+    with pytest.raises(ValueError, match="above the engine's maximum"):
+        vllm_live.live_request(SpecConfig(True, 8), max_k=7, max_batch=8, parallel_capable=True)
+    with pytest.raises(ValueError, match="P-EAGLE"):
+        vllm_live.live_request(SpecConfig(True, 3), max_k=7, max_batch=8, parallel_capable=False)
+
+
+class FakeDispatcher:
+    def __init__(self, width: int):
+        self.uniform_decode_query_len = width
+        self.keys: set = set()
+        self.padded: list[tuple] = []
+
+    def _create_padded_batch_descriptor(self, num_tokens, uniform_decode, has_lora, num_active_loras=0):
+        from vllm.forward_context import BatchDescriptor
+
+        self.padded.append((num_tokens, uniform_decode, self.uniform_decode_query_len))
+        # vLLM's capture sizes for width 8 step by 8 tokens.
+        return BatchDescriptor(num_tokens=-(-num_tokens // 8) * 8, uniform=uniform_decode)
+
+    def add_cudagraph_key(self, mode, desc):
+        self.keys.add(desc)
+
+
+class FakeRunner:
+    def __init__(self, width: int = 8):
+        self.uniform_decode_query_len = width
+        self.cudagraph_dispatcher = FakeDispatcher(width)
+        self.seen: list[tuple[int, int]] = []
+
+    def _determine_batch_execution_and_padding(self, **kw):
+        # What vLLM does: dispatch with the runner's width, and say which width it was.
+        d = self.cudagraph_dispatcher
+        self.seen.append((self.uniform_decode_query_len, d.uniform_decode_query_len))
+        uniform = kw["max_num_scheduled_tokens"] == self.uniform_decode_query_len
+        return d._create_padded_batch_descriptor(kw["num_tokens"], uniform, False)
+
+
+def step(runner, q: int, n: int, **extra):
+    return runner._determine_batch_execution_and_padding(num_tokens=q * n, num_reqs=n, max_num_scheduled_tokens=q,
+                                                          **extra)
+
+
+def test_counts_cover_every_batch_up_to_16_then_every_8th():
+    assert DecodeGraphs.counts_for(8, 64, 4) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert DecodeGraphs.counts_for(8, 64, 6) == [1, 2, 3, 4, 5, 6, 7, 8]  # 8 x 6 = 48 <= 64
+    assert DecodeGraphs.counts_for(8, 64, 9) == [1, 2, 3, 4, 5, 6, 7]
+    assert DecodeGraphs.counts_for(256, 512, 2)[-3:] == [240, 248, 256]
+    assert 17 not in DecodeGraphs.counts_for(256, 512, 2) and 24 in DecodeGraphs.counts_for(256, 512, 2)
+
+
+def test_a_step_at_a_captured_width_dispatches_as_uniform_decode_of_that_width():
+    runner = FakeRunner(width=8)
+    graphs = DecodeGraphs.of(runner)
+    assert DecodeGraphs.of(runner) is graphs
+    graphs.request_counts[4] = [1, 2, 4, 8]  # K=3, as capture() records it
+    desc = step(runner, 4, 3)
+    # Three requests of 4 tokens pad to the next captured count, not to a token size.
+    assert (desc.num_tokens, desc.num_reqs, desc.uniform) == (16, 4, True)
+    assert runner.seen[-1] == (4, 4)
+    # The width is the engine's again after the step.
+    assert runner.uniform_decode_query_len == 8 and runner.cudagraph_dispatcher.uniform_decode_query_len == 8
+
+
+def test_other_steps_keep_vllms_dispatch():
+    runner = FakeRunner(width=8)
+    graphs = DecodeGraphs.of(runner)
+    graphs.request_counts[4] = [1, 2]
+    step(runner, 8, 2)  # max K: vLLM's own graphs
+    assert runner.seen[-1] == (8, 8)
+    mixed = runner._determine_batch_execution_and_padding(num_tokens=11, num_reqs=3, max_num_scheduled_tokens=4)
+    assert runner.seen[-1] == (8, 8) and not mixed.uniform  # not every request has 4 tokens
+    step(runner, 3, 2)  # a width nobody captured
+    assert runner.seen[-1] == (8, 8)
+    step(runner, 4, 2, force_uniform_decode=False)  # vLLM's capture of mixed batches
+    assert runner.seen[-1] == (8, 8)
+
+
+def test_more_requests_than_captured_fall_back_to_vllms_padding():
+    runner = FakeRunner(width=8)
+    graphs = DecodeGraphs.of(runner)
+    graphs.request_counts[4] = [1, 2]
+    desc = step(runner, 4, 5)
+    assert not desc.uniform and desc.num_tokens == 24
+    assert runner.cudagraph_dispatcher.padded[-1] == (20, False, 4)
+
+
+def test_runner_without_graphs_is_reported_unsupported():
+    class CpuRunner(FakeRunner):
+        device = "cpu"
+
+    assert "no CUDA graphs" in DecodeGraphs.unsupported(CpuRunner())
