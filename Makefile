@@ -7,11 +7,12 @@ serve: install
 test: install-test
 	.venv/bin/python -m pytest -q -ra
 
-# The tests, the VS Code extension's build, then the latency gates (docs/benchmarks.md);
-# each exits non-zero on failure.
-ci: test vscode
+# The VS Code extension's build (its tests run the compiled extension), the tests, the latency gates (docs/benchmarks.md), then a
+# two-minute soak (RELIABILITY.md: 16 streams, no request lost); each exits non-zero on failure.
+ci: vscode test
 	.venv/bin/python -m quickdraft.bench.micro
 	.venv/bin/python -m quickdraft.bench.gate --no-progress
+	.venv/bin/python -m quickdraft.bench.soak --concurrency 16 --seconds 120 --warmup-seconds 15 --out bench/results/ci-soak.json
 
 # editors/vscode compiles with its locked dependencies (npm registry; the extension host cannot run here).
 vscode:

@@ -274,7 +274,12 @@ def add_subparsers(subparsers) -> None:
                        description=phases.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     phases_cli.add_arguments(p)
     p.set_defaults(func=phases_cli.run)
-    from quickdraft.bench import live_switch
+    from quickdraft.bench import fairness, live_switch
+
+    p = sub.add_parser("fairness", help="a victim's TTFT while other clients loop maximum-size prompts, against the victim alone",
+                       description=fairness.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    fairness.add_arguments(p)
+    p.set_defaults(func=fairness.run)
 
     p = sub.add_parser("live-switch", help="live speculative switching on one engine: switch latency, and TPOT against engines built per setting",
                        description=live_switch.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

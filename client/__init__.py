@@ -14,7 +14,7 @@ cancels the RPC, and the server aborts the request inside the engine.
 """
 
 from quickdraft.client.aio import AsyncCompletionClient, AsyncCompletionStream
-from quickdraft.client.request import RetryPolicy, build_request
+from quickdraft.client.request import PlaintextTokenError, RetryPolicy, build_request, is_loopback_target
 from quickdraft.client.sync import CompletionClient, CompletionResult, CompletionStream
 from quickdraft.v1.completion_pb2 import (
     CompleteFinal,
@@ -36,7 +36,9 @@ __all__ = [
     "CompletionStream",
     "ContextFile",
     "LatencyClass",
+    "PlaintextTokenError",
     "RetryPolicy",
     "ServerInfo",
     "build_request",
+    "is_loopback_target",
 ]

@@ -8,7 +8,7 @@ from typing import AsyncIterator, Mapping
 import grpc
 import grpc.aio
 
-from quickdraft.client.request import RetryPolicy, build_request, call_metadata, channel_options
+from quickdraft.client.request import RetryPolicy, build_request, call_metadata, channel_options, check_token_transport
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.v1.completion_pb2_grpc import CompletionStub
 
@@ -73,6 +73,7 @@ class AsyncCompletionClient:
         retry: RetryPolicy = RetryPolicy(),
         metadata: Mapping[str, str] | None = None,
     ):
+        check_token_transport(target, secure=credentials is not None, token=token, metadata=metadata)
         opts = channel_options()
         self._channel = (
             grpc.aio.secure_channel(target, credentials, options=opts)

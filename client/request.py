@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import random
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -10,6 +11,9 @@ import grpc
 
 from quickdraft.v1.completion_pb2 import CompleteRequest, ContextFile
 from quickdraft.wire import AUTHORIZATION_KEY, LATENCY_CLASSES, bearer
+
+# gRPC target schemes that never leave this machine.
+_LOCAL_SCHEMES = ("unix:", "unix-abstract:")
 
 
 def build_request(
@@ -109,3 +113,75 @@ def make_credentials(
 ) -> grpc.ChannelCredentials:
     """TLS credentials; pass key and chain too for mutual TLS."""
     return grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
+
+
+class PlaintextTokenError(ValueError):
+    """A bearer token would cross the network unencrypted."""
+
+
+def is_loopback_host(host: str) -> bool:
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # any other name may resolve anywhere
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _split_host(address: str) -> str:
+    """The host of ``host``, ``host:port``, ``[v6]`` or ``[v6]:port``."""
+    if address.startswith("["):
+        return address[: address.find("]") + 1] if "]" in address else address
+    if address.count(":") > 1:  # bare IPv6, maybe with a port after its last colon
+        try:
+            ipaddress.ip_address(address.split("%")[0])
+            return address
+        except ValueError:
+            pass
+    return address.rpartition(":")[0] if ":" in address else address
+
+
+def target_hosts(target: str) -> list[str] | None:
+    """The hosts a gRPC target names; None for a local (unix) socket."""
+    if target.startswith(_LOCAL_SCHEMES):
+        return None
+    if target.startswith(("ipv4:", "ipv6:")):
+        return [_split_host(a) for a in target.partition(":")[2].split(",")]
+    if target.startswith("dns:"):
+        rest = target[len("dns:") :]
+        if rest.startswith("//"):
+            authority, _, rest = rest[2:].partition("/")
+            if authority:  # that DNS server may answer anything for "localhost"
+                host = _split_host(rest)
+                return [host if host.lower().rstrip(".") != "localhost" else f"{host} (via {authority})"]
+        return [_split_host(rest)]
+    return [_split_host(target)]
+
+
+def is_loopback_target(target: str) -> bool:
+    """Whether ``target`` only reaches this machine: 127.0.0.0/8, ::1,
+    localhost, or a unix socket. Anything else (a name, another scheme) is
+    not."""
+    hosts = target_hosts(target)
+    return hosts is None or (bool(hosts) and all(is_loopback_host(h) for h in hosts))
+
+
+def check_token_transport(
+    target: str, *, secure: bool, token: str | None, metadata: Mapping[str, str] | None = None
+) -> None:
+    """Refuse a bearer token on a plaintext channel to another machine: anyone
+    on the path could read it and reuse it (and read the code sent with it)."""
+    has_token = bool(token) or any(k.lower() == AUTHORIZATION_KEY for k in (metadata or {}))
+    if secure or not has_token or is_loopback_target(target):
+        return
+    hosts = target_hosts(target) or [target]
+    raise PlaintextTokenError(
+        f"refusing to send a bearer token without TLS to {', '.join(hosts)} ({target}): "
+        "turn on TLS (credentials=make_credentials(...); `--tls` / the `tls` setting in the editor) "
+        "or connect to a loopback address (127.0.0.1, ::1, localhost) or a unix: socket"
+    )

@@ -8,7 +8,7 @@ from typing import Iterator, Mapping
 
 import grpc
 
-from quickdraft.client.request import RetryPolicy, build_request, call_metadata, channel_options
+from quickdraft.client.request import RetryPolicy, build_request, call_metadata, channel_options, check_token_transport
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.v1.completion_pb2_grpc import CompletionStub
 
@@ -74,7 +74,9 @@ class CompletionClient:
 
     ``target`` is ``host:port``. ``credentials`` turns on TLS (see
     ``quickdraft.client.request.make_credentials``); ``token`` is sent as a
-    bearer token in the call metadata.
+    bearer token in the call metadata; without ``credentials`` it is only
+    allowed to a loopback target (127.0.0.0/8, ::1, localhost, unix:), else
+    ``PlaintextTokenError`` is raised here, before anything is sent.
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class CompletionClient:
         retry: RetryPolicy = RetryPolicy(),
         metadata: Mapping[str, str] | None = None,
     ):
+        check_token_transport(target, secure=credentials is not None, token=token, metadata=metadata)
         opts = channel_options()
         self._channel = (
             grpc.secure_channel(target, credentials, options=opts)

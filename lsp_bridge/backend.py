@@ -3,7 +3,9 @@
 While the server is unreachable, completions are answered at once with
 nothing (no RPC is attempted) and a background task probes it with
 exponential backoff; the first successful probe marks it up again and
-refreshes the prompt budget from ``GetServerInfo``. The bytes-per-token ratio
+refreshes the prompt budget from ``GetServerInfo``. A configuration the
+client refuses (a bearer token without TLS to another machine) leaves the
+backend "refused": nothing is sent, and ``error`` says why. The bytes-per-token ratio
 that turns the budget into bytes is learned from every answer
 (``token_ratio.py``); a prompt refused as too long is reported as such, so
 the caller can rebuild it smaller once.
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 import grpc
 import grpc.aio
 
-from quickdraft.client import AsyncCompletionClient, RetryPolicy
+from quickdraft.client import AsyncCompletionClient, PlaintextTokenError, RetryPolicy
 from quickdraft.client.request import make_credentials
 from quickdraft.lsp_bridge.context import Budget
 from quickdraft.lsp_bridge.token_ratio import BytesPerToken, prompt_bytes
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 UP = "up"
 DOWN = "down"
 UNKNOWN = "unknown"
+REFUSED = "refused"  # the configuration itself is unsafe; no retry until it changes
 
 # Codes that mean "the server is not there (right now)", as opposed to a bad request.
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -73,16 +76,26 @@ class Backend:
         self.ratio = BytesPerToken(self.budget.chars_per_token)
         self._on_state = on_state
         self._reconnect_task: asyncio.Task | None = None
+        # Why the configuration was refused (None: it was not).
+        self.error: str | None = None
         self._client = self._make_client(config)
 
-    @staticmethod
-    def _make_client(config: BackendConfig) -> AsyncCompletionClient:
+    def _make_client(self, config: BackendConfig) -> AsyncCompletionClient | None:
         credentials = make_credentials(config.tls_root_cert) if config.tls else None
-        # No retries inside the client: a stale inline completion is worthless,
-        # and reconnecting is this class's job.
-        return AsyncCompletionClient(
-            config.address, credentials=credentials, token=config.token, retry=RetryPolicy(max_attempts=1)
-        )
+        try:
+            # No retries inside the client: a stale inline completion is worthless,
+            # and reconnecting is this class's job.
+            client = AsyncCompletionClient(
+                config.address, credentials=credentials, token=config.token, retry=RetryPolicy(max_attempts=1)
+            )
+        except PlaintextTokenError as err:
+            # Refused before anything is sent; the editor hears why (state REFUSED)
+            # and the bridge keeps running for a corrected configuration.
+            self.error = str(err)
+            log.error("%s", err)
+            return None
+        self.error = None
+        return client
 
     async def reconfigure(self, config: BackendConfig) -> None:
         if config == self.config:
@@ -92,17 +105,22 @@ class Backend:
         self._client = self._make_client(config)
         self._stop_reconnect()
         self.state = UNKNOWN
-        await old.close()
+        if old is not None:
+            await old.close()
         self.start()
 
     def start(self) -> None:
         """Fetch the server's limits in the background (and keep trying while it is down)."""
+        if self._client is None:
+            self._set_state(REFUSED)
+            return
         if self._reconnect_task is None or self._reconnect_task.done():
             self._reconnect_task = asyncio.ensure_future(self._reconnect())
 
     async def close(self) -> None:
         self._stop_reconnect()
-        await self._client.close()
+        if self._client is not None:
+            await self._client.close()
 
     def _stop_reconnect(self) -> None:
         if self._reconnect_task is not None:
@@ -123,6 +141,7 @@ class Backend:
         self.start()
 
     async def _reconnect(self) -> None:
+        assert self._client is not None
         delay = self.config.initial_backoff_s
         while True:
             try:
@@ -156,7 +175,7 @@ class Backend:
 
     @property
     def available(self) -> bool:
-        return self.state != DOWN
+        return self._client is not None and self.state != DOWN
 
     async def complete_within_budget(
         self, build: Callable[[Budget], tuple[pb.CompleteRequest, Callable[[str], bool]]], *, document: str, language: str
@@ -178,7 +197,7 @@ class Backend:
         bytes per token. Cancelling the calling task cancels the RPC, which
         aborts the request in the engine.
         """
-        if not self.available:
+        if not self.available or self._client is None:
             return Outcome.FAILED
         stream = self._client.complete(request, timeout=self.config.request_timeout_s)
         try:

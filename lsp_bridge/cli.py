@@ -16,6 +16,7 @@ import argparse
 import logging
 import sys
 
+from quickdraft.client.request import is_loopback_host
 from quickdraft.lsp_bridge.settings import Settings
 
 
@@ -23,18 +24,36 @@ def _host_port(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
-    return host or "127.0.0.1", int(port)
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _loopback_host_port(value: str) -> tuple[str, int]:
+    host, port = _host_port(value)
+    # Whoever reaches the port drives the bridge (no authentication): it reads
+    # workspace files into prompts and uses this user's token. Loopback only.
+    if not is_loopback_host(host):
+        raise argparse.ArgumentTypeError(
+            f"{host} is not a loopback address: the language server has no authentication, "
+            "so --tcp only listens on 127.0.0.1, ::1 or localhost (use stdio, the default, or an SSH tunnel for remote editors)"
+        )
+    return host, port
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--server",
         default=Settings.server,
-        help="quickdraft gRPC server, HOST:PORT (default %(default)s); editors may override it",
+        help="quickdraft gRPC server, HOST:PORT (default %(default)s); the editor's initializationOptions may override it, except over --tcp",
     )
-    parser.add_argument("--tcp", metavar="HOST:PORT", type=_host_port, help="listen on TCP instead of stdio")
+    parser.add_argument(
+        "--tcp",
+        metavar="HOST:PORT",
+        type=_loopback_host_port,
+        help="listen on TCP instead of stdio: loopback only, and any local user can connect, so not on shared machines",
+    )
     parser.add_argument("--auth-token-file", default="", help="file with a bearer token for the server")
     parser.add_argument("--tls", action="store_true", help="connect to the server with TLS")
+    parser.add_argument("--tls-root-cert-file", default="", help="PEM root certificates for --tls (default: system roots)")
     parser.add_argument("--debounce-ms", type=int, default=Settings.debounce_ms, help="pause before asking the model (default %(default)s)")
     parser.add_argument("--log-file", help="write logs here (default: stderr)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -65,9 +84,12 @@ def run(args: argparse.Namespace) -> int:
         server=args.server,
         auth_token_file=args.auth_token_file,
         tls=args.tls,
+        tls_root_cert_file=args.tls_root_cert_file,
         debounce_ms=args.debounce_ms,
     )
-    server = create_server(settings)
+    # Over TCP the client is whoever connects, not the editor that started us:
+    # only the command line sets where code and the token go.
+    server = create_server(settings, editor_sets_connection=not args.tcp)
     if args.tcp:
         host, port = args.tcp
         server.start_tcp(host, port)

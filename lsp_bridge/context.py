@@ -93,6 +93,8 @@ class ContextEngine:
     def __init__(self, workspace: Workspace, symbols: SymbolIndex | None = None, *, repository_context: bool = True):
         self.workspace = workspace
         self.symbols = symbols or SymbolIndex(workspace.max_file_bytes)
+        # Disk reads are confined to this workspace's folders (symbols.py).
+        self.symbols.roots = lambda: workspace.real_folders
         self.repository_context = repository_context
         # uri -> (import specifiers, resolved paths): resolution touches the disk.
         self._imports: dict[str, tuple[tuple, list[str]]] = {}

@@ -20,7 +20,8 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol, lsp_method
 
 from quickdraft import __version__
-from quickdraft.lsp_bridge.backend import Backend, BackendConfig
+from quickdraft.client.request import is_loopback_host
+from quickdraft.lsp_bridge.backend import REFUSED, Backend, BackendConfig
 from quickdraft.lsp_bridge.completer import Completer, Result
 from quickdraft.lsp_bridge.context import ContextEngine
 from quickdraft.lsp_bridge.settings import SECTION, Settings
@@ -87,7 +88,12 @@ class BridgeProtocol(LanguageServerProtocol):
 
 
 class BridgeServer(LanguageServer):
-    def __init__(self, settings: Settings | None = None):
+    """``editor_sets_connection``: whether initializationOptions may set the
+    connection settings (settings.CONNECTION). True over stdio, where the
+    client is the editor that started the bridge; False over TCP, where the
+    client is whoever connects to the port."""
+
+    def __init__(self, settings: Settings | None = None, *, editor_sets_connection: bool = True):
         super().__init__(
             "quickdraft-lsp",
             __version__,
@@ -95,6 +101,7 @@ class BridgeServer(LanguageServer):
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
         )
         self.settings = settings or Settings()
+        self.editor_sets_connection = editor_sets_connection
         self.documents = Workspace(max_file_bytes=self.settings.max_file_bytes, background_parse=True)
         self.symbols = SymbolIndex(self.settings.max_file_bytes)
         self.context = ContextEngine(self.documents, self.symbols, repository_context=self.settings.repository_context)
@@ -120,6 +127,13 @@ class BridgeServer(LanguageServer):
             # An "exit" notification ends in SystemExit (pygls' exit code: 0
             # after "shutdown", 1 without), which passes through.
             self.shutdown()
+
+    def start_tcp(self, host: str, port: int) -> None:
+        # The bridge has no authentication and reads workspace files into
+        # prompts: a port reachable from other machines would serve anyone.
+        if not is_loopback_host(host):
+            raise ValueError(f"--tcp {host}:{port}: the language server only listens on loopback (127.0.0.1, ::1, localhost)")
+        super().start_tcp(host, port)
 
     async def _serve_pipe(self, stdin, stdout) -> None:
         loop = asyncio.get_running_loop()
@@ -170,12 +184,32 @@ class BridgeServer(LanguageServer):
         if self.backend is not None and self.backend.config != self.backend_config():
             asyncio.ensure_future(self.backend.reconfigure(self.backend_config()))
 
+    def apply_runtime_options(self, options: Any, source: str) -> None:
+        """Settings from the editor after start: the connection ones are ignored (settings.CONNECTION)."""
+        settings, ignored = self.settings.merged_at_runtime(options)
+        if ignored:
+            message = (
+                f"quickdraft: ignoring {', '.join(ignored)} from {source}: the server connection is set when the "
+                "language server starts (user settings or the command line); restart it to change them"
+            )
+            log.warning("%s", message)
+            self.window_log_message(types.LogMessageParams(types.MessageType.Warning, message))
+        self.apply_settings(settings)
+
     def _on_backend_state(self, state: str, info) -> None:
         payload = {"state": state, "server": self.settings.server}
         if info is not None:
             payload["model"] = info.model
             payload["serverVersion"] = info.server_version
+        error = self.backend.error if self.backend is not None else None
+        if state == REFUSED and error:
+            payload["error"] = error
         self.protocol.notify(STATUS_NOTIFICATION, payload)
+        if state == REFUSED and error:
+            # Shown, not only logged: completions stay off until the user fixes the settings.
+            self.window_show_message(types.ShowMessageParams(types.MessageType.Error, f"quickdraft: {error}"))
+            self.window_log_message(types.LogMessageParams(types.MessageType.Error, f"quickdraft: {error}"))
+            return
         level = types.MessageType.Info if state == "up" else types.MessageType.Warning
         self.window_log_message(types.LogMessageParams(level, f"quickdraft server {self.settings.server} is {state}"))
 
@@ -265,12 +299,15 @@ def _completion_items(result: Result | None, position: types.Position) -> types.
     return types.CompletionList(is_incomplete=True, items=[item])
 
 
-def create_server(settings: Settings | None = None) -> BridgeServer:
-    server = BridgeServer(settings)
+def create_server(settings: Settings | None = None, *, editor_sets_connection: bool = True) -> BridgeServer:
+    server = BridgeServer(settings, editor_sets_connection=editor_sets_connection)
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: BridgeServer, params: types.InitializeParams) -> None:
-        ls.apply_settings(ls.settings.merged(params.initialization_options))
+        if ls.editor_sets_connection:
+            ls.apply_settings(ls.settings.merged(params.initialization_options))
+        else:
+            ls.apply_runtime_options(params.initialization_options, "initializationOptions over --tcp")
         ls.documents.set_folders(_folders(params))
         ls.documents.encoding = ServerCapabilitiesBuilder.choose_position_encoding(params.capabilities)
         text_document = params.capabilities.text_document
@@ -295,7 +332,7 @@ def create_server(settings: Settings | None = None) -> BridgeServer:
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(ls: BridgeServer, params: types.DidChangeConfigurationParams) -> None:
         if isinstance(params.settings, dict) and params.settings:
-            ls.apply_settings(ls.settings.merged(params.settings))
+            ls.apply_runtime_options(params.settings, "workspace/didChangeConfiguration")
         else:
             # Pull model: the notification only says "something changed".
             asyncio.ensure_future(pull_configuration(ls))
@@ -309,7 +346,7 @@ def create_server(settings: Settings | None = None) -> BridgeServer:
             log.warning("workspace/configuration failed: %s", err)
             return
         if pulled:
-            ls.apply_settings(ls.settings.merged(pulled[0]))
+            ls.apply_runtime_options(pulled[0], "workspace/configuration")
 
     @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
     def did_change_folders(ls: BridgeServer, params: types.DidChangeWorkspaceFoldersParams) -> None:

@@ -2,6 +2,15 @@
 
 Editors send camelCase keys, either flat or under a ``quickdraft`` section.
 A value of the wrong type is ignored with a warning, never fatal.
+
+The connection settings (``CONNECTION``: where code and the token go, which
+token file is read, how the server is authenticated) are fixed when the
+bridge starts: the command line and the launching editor's
+initializationOptions set them; ``merged_at_runtime`` (didChangeConfiguration,
+workspace/configuration) leaves them as they are. At run time settings may be
+a workspace's own (a repository's .vscode/settings.json, a project-local
+config), and a repository must not be able to send its reader's code and
+token elsewhere, or have an arbitrary file read and sent as the token.
 """
 
 from __future__ import annotations
@@ -14,6 +23,9 @@ from typing import Any, Mapping
 log = logging.getLogger(__name__)
 
 SECTION = "quickdraft"
+
+# Fields only the command line and initializationOptions may set (see above).
+CONNECTION = frozenset({"server", "auth_token_file", "tls", "tls_root_cert_file"})
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,15 @@ class Settings:
             if checked is not None:
                 changes[f.name] = checked
         return dataclasses.replace(self, **changes)
+
+    def merged_at_runtime(self, options: Mapping[str, Any] | None) -> tuple["Settings", list[str]]:
+        """``merged`` without the connection settings: the new settings, and
+        the camelCase keys that asked to change one of them (ignored)."""
+        new = self.merged(options)
+        ignored = sorted(_camel(name) for name in CONNECTION if getattr(new, name) != getattr(self, name))
+        if ignored:
+            new = dataclasses.replace(new, **{name: getattr(self, name) for name in CONNECTION})
+        return new, ignored
 
     def read_token(self) -> str | None:
         if not self.auth_token_file:

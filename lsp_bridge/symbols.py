@@ -3,7 +3,9 @@
 Open documents are indexed per version, files on disk per (mtime, size); both
 are cached, so a keystroke only pays for files that changed since last time.
 Imports are resolved to workspace files for Python (absolute and relative
-modules, packages) and for relative JavaScript/TypeScript specifiers.
+modules, packages) and for relative JavaScript/TypeScript specifiers. Files
+on disk are read only inside the workspace folders, symlinks resolved
+(``workspace.confined_path``), checked again whenever a file is re-stat'ed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import time
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import tree_sitter as ts
@@ -21,7 +24,7 @@ from quickdraft.lsp_bridge.document import line_starts_of
 from quickdraft.lsp_bridge.languages import LanguageSpec, language_for_path
 from quickdraft.lsp_bridge.syntax import captures, matches, parser_for
 from quickdraft.lsp_bridge.text import decode
-from quickdraft.lsp_bridge.workspace import OpenDocument
+from quickdraft.lsp_bridge.workspace import OpenDocument, confined_path, real_folders
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +98,12 @@ def extract(path: str, spec: LanguageSpec, data: bytes, tree: ts.Tree, line_star
 
 
 class SymbolIndex:
-    def __init__(self, max_file_bytes: int = 1_000_000):
+    def __init__(self, max_file_bytes: int = 1_000_000, roots: Callable[[], Sequence[str]] = tuple):
         self.max_file_bytes = max_file_bytes
+        # The real workspace folders files on disk must lie in, asked at each
+        # check (folders change at run time); none: nothing is read from disk.
+        # ContextEngine binds it to its workspace.
+        self.roots = roots
         self._open: dict[str, tuple[int, FileSymbols]] = {}
         self._disk: OrderedDict[str, tuple[float, int, float, FileSymbols | None]] = OrderedDict()
 
@@ -116,32 +123,40 @@ class SymbolIndex:
         self._open.pop(uri, None)
 
     def for_path(self, path: str) -> FileSymbols | None:
-        """Symbols of a file on disk (None if missing, too large, binary or not code)."""
+        """Symbols of a file on disk (None if outside the workspace folders
+        once symlinks are resolved; or missing, too large, binary or not code)."""
         now = time.monotonic()
         cached = self._disk.get(path)
         if cached is not None and now - cached[2] < _STAT_INTERVAL_S:
             return cached[3]
+        # Checked on every stat, not once: a file inside may since have become
+        # a symlink to one outside (a checkout, a pull).
+        real = confined_path(path, self.roots())
         try:
-            stat = os.stat(path)
+            if real is None:
+                raise FileNotFoundError(path)
+            stat = os.stat(real)
         except OSError:
             self._disk[path] = (0.0, -1, now, None)
             return None
         if cached is not None and cached[0] == stat.st_mtime and cached[1] == stat.st_size:
             self._disk[path] = (cached[0], cached[1], now, cached[3])
             return cached[3]
-        symbols = self._read(path, stat.st_size)
+        symbols = self._read(path, real, stat.st_size)
         self._disk[path] = (stat.st_mtime, stat.st_size, now, symbols)
         self._disk.move_to_end(path)
         while len(self._disk) > _DISK_CACHE_SIZE:
             self._disk.popitem(last=False)
         return symbols
 
-    def _read(self, path: str, size: int) -> FileSymbols | None:
+    def _read(self, path: str, real: str, size: int) -> FileSymbols | None:
+        """Read ``real`` (``path`` with its symlinks resolved, as checked)."""
         spec = language_for_path(path)
         if spec is None or size > self.max_file_bytes:
             return None
         try:
-            with open(path, "rb") as f:
+            # O_NOFOLLOW: were ``real`` swapped for a symlink since the check, refuse it.
+            with open(os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb") as f:
                 data = f.read(self.max_file_bytes + 1)
         except OSError:
             return None
@@ -155,7 +170,10 @@ class SymbolIndex:
 
 
 def resolve_imports(symbols: FileSymbols, roots: list[str]) -> list[str]:
-    """Workspace files the file imports, in import order, existing files only."""
+    """Workspace files the file imports, in import order: existing files
+    inside ``roots`` once symlinks are resolved (an import may climb above
+    the workspace, or name a symlink that leaves it)."""
+    real_roots = real_folders(roots)
     found: list[str] = []
     for module, names in symbols.imports:
         if symbols.spec.name == "python":
@@ -165,7 +183,7 @@ def resolve_imports(symbols: FileSymbols, roots: list[str]) -> list[str]:
         else:
             candidates = []
         for candidate in candidates:
-            if candidate not in found and os.path.isfile(candidate):
+            if candidate not in found and os.path.isfile(candidate) and confined_path(candidate, real_roots) is not None:
                 found.append(candidate)
     return found
 

@@ -6,6 +6,7 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import tree_sitter as ts
@@ -30,9 +31,26 @@ def uri_to_path(uri: str) -> str:
 
 
 def path_to_uri(path: str) -> str:
-    from pathlib import Path
-
     return Path(path).absolute().as_uri()
+
+
+def real_folders(folders: Iterable[str]) -> list[str]:
+    """Workspace folders with every symlink resolved (what ``confined_path`` compares with)."""
+    return [str(Path(f).resolve()) for f in folders if f]
+
+
+def confined_path(path: str, roots: Sequence[str]) -> str | None:
+    """The real path of ``path`` if, symlinks and ``..`` resolved, it lies inside
+    one of ``roots`` (real paths, see ``real_folders``); None otherwise.
+
+    Everything the bridge reads from disk as prompt context passes here: a
+    repository can hold ``cfg.py -> ~/.env`` or ``from ..... import x``, and
+    what they reach must never be sent to the server."""
+    try:
+        real = Path(path).resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        return None
+    return str(real) if any(real.is_relative_to(root) for root in roots) else None
 
 
 @dataclass
@@ -94,6 +112,7 @@ class Workspace:
         background_parse: bool = False,
     ):
         self.folders: list[str] = [os.path.abspath(f) for f in folders]
+        self.real_folders: list[str] = real_folders(self.folders)
         self.encoding = encoding
         self.max_file_bytes = max_file_bytes
         # Reparse on a worker thread after each change (the server does; tests may not).
@@ -105,6 +124,7 @@ class Workspace:
 
     def set_folders(self, folders: Iterable[str]) -> None:
         self.folders = [os.path.abspath(f) for f in folders if f]
+        self.real_folders = real_folders(self.folders)
         self._relative.clear()
 
     def folder_of(self, path: str) -> str | None:

@@ -1,4 +1,4 @@
-"""The ``quickdraft`` command: serve, complete, lsp, tune, bench."""
+"""The ``quickdraft`` command: serve, complete, pin, token, lsp, tune, bench."""
 
 from __future__ import annotations
 
@@ -136,6 +136,37 @@ def _pin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token(args: argparse.Namespace) -> int:
+    """Manage security.auth_tokens_file: tokens are printed once, stored as digests."""
+    from quickdraft.server.auth import TokensFile
+    from quickdraft.server.config import ConfigError
+
+    path = Path(args.file).expanduser()
+    try:
+        tokens = TokensFile.read(path) if path.exists() else TokensFile()
+        if args.action == "add":
+            if not args.user:
+                raise ConfigError("give the user id: quickdraft token add USER")
+            token = tokens.add(args.user, args.max_streams, True if args.admin else None)
+            tokens.write(path)
+            print(f"# user {args.user} in {path}; the token is shown once, give it to the user (their editor's token file):", file=sys.stderr)
+            print(token)
+            print("# the server reads the file on start and on SIGHUP (kill -HUP <pid>)", file=sys.stderr)
+        elif args.action == "remove":
+            if tokens.users.pop(args.user or "", None) is None:
+                raise ConfigError(f"no user {args.user!r} in {path}")
+            tokens.write(path)
+            print(f"removed {args.user}; send the server SIGHUP to apply", file=sys.stderr)
+        else:
+            for u in tokens.users.values():
+                limit = u.max_streams if u.max_streams is not None else "default"
+                print(f"{u.name}\ttokens={len(u.digests)}\tmax_streams={limit}{chr(9) + 'admin' if u.admin else ''}")
+    except ConfigError as e:
+        print(f"quickdraft token: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quickdraft", description="Code completions with speculative decoding, for editors.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,6 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server", default="127.0.0.1:50051")
     p.add_argument("--token-file", help="file with the server's bearer token (default: $QUICKDRAFT_AUTH_TOKEN)")
     p.set_defaults(func=_pin)
+
+    p = sub.add_parser("token", help="per-user tokens for security.auth_tokens_file: add (prints a new token once), remove, list")
+    p.add_argument("action", choices=["add", "remove", "list"])
+    p.add_argument("user", nargs="?", help="user id: letters, digits, . _ @ -")
+    p.add_argument("--file", default="~/.config/quickdraft/tokens.toml", help="the tokens file (default: %(default)s)")
+    p.add_argument("--max-streams", type=int, help="this user's stream limit (default: limits.max_streams_per_client)")
+    p.add_argument("--admin", action="store_true", help="may call PinSpeculation")
+    p.set_defaults(func=_token)
 
     from quickdraft.lsp_bridge import cli as lsp_cli
     from quickdraft.bench import tune

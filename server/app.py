@@ -13,7 +13,8 @@ import signal
 
 from quickdraft.server import engine_manager as em
 from quickdraft.server.admission import Admission
-from quickdraft.server.config import QuickdraftConfig
+from quickdraft.server.config import ConfigError, QuickdraftConfig
+from quickdraft.server.config.validation import check_remote_exposure, is_loopback
 from quickdraft.server.engine_manager import EngineManager
 from quickdraft.server.frontend import Auth
 from quickdraft.server.grpc_server import GrpcServer
@@ -52,6 +53,12 @@ class QuickdraftServer:
 
     async def start(self) -> int:
         """Bind, start serving health (NOT_SERVING), then build the engine in the background."""
+        check_remote_exposure(self.cfg)
+        if self.cfg.security.allow_insecure_remote and not all(is_loopback(h) for h in self._hosts()):
+            log.warning("security.allow_insecure_remote = true: serving %s without %s; anyone on the network path can read code "
+                        "and tokens, or use the server", ", ".join(h for h in self._hosts() if not is_loopback(h)),
+                        "TLS and auth" if not self.cfg.security.tls_cert_file and not self.auth.enabled else
+                        ("TLS" if not self.cfg.security.tls_cert_file else "auth"))
         self.port = await self.grpc.start()
         if self.cfg.http.enabled:
             # Up before the engine, so /health says 503 while it starts and a taken port shows at once.
@@ -63,6 +70,16 @@ class QuickdraftServer:
             await self.http.start()
         self._engine_task = asyncio.create_task(self._start_engine(), name="engine-start")
         return self.port
+
+    def _hosts(self) -> list[str]:
+        return [self.cfg.server.host] + ([self.cfg.http.host] if self.cfg.http.enabled else [])
+
+    def reload_users(self) -> None:
+        """SIGHUP: re-read security.auth_tokens_file (a broken file keeps the old users)."""
+        try:
+            self.auth.reload()
+        except Exception:  # noqa: BLE001 - a reload must never take the server down
+            log.exception("tokens file reload failed; keeping the users loaded before")
 
     async def _start_engine(self) -> None:
         spec = self.cfg.spec_config()
@@ -97,6 +114,7 @@ class QuickdraftServer:
         if self._engine_task and not self._engine_task.done():
             self._engine_task.cancel()
         await self.engines.stop()
+        self.service.tokenizer_pool.shutdown()
         self.telemetry.shutdown()
 
     async def serve_forever(self) -> int:
@@ -105,9 +123,11 @@ class QuickdraftServer:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if self.auth.per_user:
+            loop.add_signal_handler(signal.SIGHUP, self.reload_users)
         try:
             await self.start()
-        except OSError as e:
+        except (OSError, ConfigError) as e:
             print(f"quickdraft serve: {e}", flush=True)
             return 1
         print(f"quickdraft: gRPC on {self.cfg.server.host}:{self.port} (engine starting: {self.cfg.preset.name})", flush=True)

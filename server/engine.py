@@ -24,6 +24,7 @@ docs/vllm-notes.md for the rest:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -90,6 +91,7 @@ def _stat_logger_factory(snapshot: EngineSnapshot):
     return SnapshotLogger
 
 
+@functools.cache  # fixed for the process; GetServerInfo must not read /proc per call
 def hardware_description() -> str:
     try:
         import torch
@@ -114,6 +116,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.cache
 def vllm_version() -> str:
     from quickdraft.server.vllm_build import vllm_distribution
 

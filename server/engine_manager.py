@@ -63,7 +63,15 @@ class ManagerStats:
     history: list[dict] = field(default_factory=list)
 
 
+TWO_ENGINES_FIT_BELOW = 0.9
+"""Sum of two engines' gpu_memory_utilization that leaves room for both CUDA contexts."""
+DRAIN_BEFORE_REBUILD_S = 60.0
+"""Where the old engine must go before a new one starts: how long its streams may finish first."""
+
 CRASH_LOOP_WINDOW_S = 300.0
+RESTART_BACKOFF_S = (2.0, 4.0, 8.0)
+"""Pause after each failed restart attempt; after the last, the manager gives
+up (FAILED) and `quickdraft serve` exits 1 for its supervisor to restart it."""
 """An engine that dies within this long of its start counts towards a crash loop."""
 
 
@@ -124,7 +132,8 @@ class EngineManager:
 
     @property
     def standby_capacity(self) -> int:
-        return self.cfg.controller.standby_engines
+        """Standby engines kept warm; none where a second engine does not fit."""
+        return 0 if self.needs_drain_for_rebuild() else self.cfg.controller.standby_engines
 
     def _set(self, state: str) -> None:
         if state != self.state:
@@ -214,15 +223,21 @@ class EngineManager:
 
     def needs_drain_for_rebuild(self) -> bool:
         """A second engine beside the serving one would not fit: on a GPU each
-        engine takes ``engine.gpu_memory_utilization`` of its memory."""
-        return self.cfg.device() != "cpu" and self.cfg.engine.gpu_memory_utilization > 0.5
+        engine reserves ``engine.gpu_memory_utilization`` of the memory and
+        vLLM refuses to start when less than that is free, so two fit only
+        below half, less the CUDA context each process holds."""
+        return self.cfg.device() != "cpu" and 2 * self.cfg.engine.gpu_memory_utilization > TWO_ENGINES_FIT_BELOW
 
-    async def switch(self, spec: SpecConfig, reason: str = "", drain_first: bool | None = None, drain_timeout: float = 60.0) -> bool:
+    async def switch(self, spec: SpecConfig, reason: str = "", drain_first: bool | None = None, drain_timeout: float | None = None) -> bool:
         """Serve `spec` from now on: live inside the serving engine when it can,
         else on a standby or new engine. False (and the old engine keeps
-        serving) if a new one fails to start."""
+        serving) if a new one fails to start. ``drain_timeout``: how long the
+        old engine's streams may run on (default: ``DRAIN_BEFORE_REBUILD_S``
+        when it must go first, else ``server.retire_timeout_s``)."""
         if drain_first is None:
             drain_first = self.needs_drain_for_rebuild()
+        if drain_timeout is None:
+            drain_timeout = DRAIN_BEFORE_REBUILD_S if drain_first else self.cfg.server.retire_timeout_s
         async with self._lock:
             old = self.engine
             if old is not None and old.spec == spec:
@@ -391,13 +406,13 @@ class EngineManager:
                 log.error("engine died (%s); restarting", engine.spec.label())
             self._set(RESTARTING)
             await asyncio.to_thread(engine.shutdown)
-            for attempt in range(1, 4):
+            for attempt, pause_s in enumerate(RESTART_BACKOFF_S, 1):
                 try:
                     self.engine = await self._build(spec)
                     break
                 except (EngineError, Exception) as e:  # noqa: BLE001
                     log.error("restart attempt %d failed: %s", attempt, e)
-                    await asyncio.sleep(min(10.0, 2.0**attempt))
+                    await asyncio.sleep(pause_s)
             else:
                 self.engine = None
                 self._set(FAILED)

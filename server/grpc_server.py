@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from quickdraft.server.config import QuickdraftConfig
+from quickdraft.server.config.validation import check_tls_pair
 from quickdraft.server.errors import RequestError
 from quickdraft.server.frontend import Auth, grpc_peer_host
 from quickdraft.server.pinning import SpeculationPin
@@ -28,7 +29,7 @@ from quickdraft.wire import AUTHORIZATION_KEY
 log = logging.getLogger("quickdraft.server")
 
 SERVICE_NAME = "quickdraft.v1.Completion"
-HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"
+HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
 UNAUTHENTICATED = "missing or wrong bearer token (metadata 'authorization: Bearer <token>')"
 
 
@@ -64,7 +65,7 @@ class CompletionServicer:
             self.service.refused("INVALID_ARGUMENT")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request could not be parsed: {request.error} (string fields must be valid UTF-8)")
         md = dict(context.invocation_metadata() or ())
-        client = self.auth.client_identity(md.get(AUTHORIZATION_KEY, ""), grpc_peer_host(context.peer()))
+        client = self.auth.client(md.get(AUTHORIZATION_KEY, ""), grpc_peer_host(context.peer()))
         try:
             async for msg in self.service.complete(request, client, md):
                 yield msg
@@ -87,6 +88,10 @@ class CompletionServicer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request could not be parsed: {request.error}")
         if self.pin is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server does not take pins")
+        md = dict(context.invocation_metadata() or ())
+        if not self.auth.client(md.get(AUTHORIZATION_KEY, ""), grpc_peer_host(context.peer())).admin:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                "PinSpeculation changes the server for every user: it needs a user with admin = true in security.auth_tokens_file")
         try:
             applied, ms = await self.pin.set(request.config, request.allow_rebuild)
         except RequestError as e:
@@ -115,7 +120,8 @@ class CompletionServicer:
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """The bearer-token check on every call. Health checks stay open unless configured."""
+    """The bearer-token check on every call. Health Check stays open unless
+    configured; Watch, a stream held open, never does."""
 
     def __init__(self, auth: Auth, exempt_health: bool = True):
         self._auth = auth
@@ -132,7 +138,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._deny_stream = grpc.unary_stream_rpc_method_handler(deny_stream)
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
-        if self._exempt_health and details.method.startswith(HEALTH_METHOD_PREFIX):
+        if self._exempt_health and details.method == HEALTH_CHECK_METHOD:
             return await continuation(details)
         md = dict(details.invocation_metadata or ())
         if self._auth.allows(md.get(AUTHORIZATION_KEY, "")):
@@ -140,10 +146,31 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return self._deny_stream if details.method.endswith("/Complete") else self._deny_unary
 
 
+class BoundedHealthServicer(health_aio.HealthServicer):
+    """grpc.health.v1 whose Watch streams are capped (limits.max_health_watchers):
+    each holds a task and a stream for as long as the caller likes."""
+
+    def __init__(self, max_watchers: int):
+        super().__init__()
+        self.max_watchers = max_watchers
+        self.watchers = 0
+
+    async def Watch(self, request, context) -> None:
+        if self.watchers >= self.max_watchers:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"limits.max_health_watchers ({self.max_watchers}) Watch streams are open; use Check, or close one")
+        self.watchers += 1
+        try:
+            await super().Watch(request, context)
+        finally:
+            self.watchers -= 1
+
+
 def server_credentials(cfg: QuickdraftConfig) -> grpc.ServerCredentials | None:
     sec = cfg.security
     if not sec.tls_cert_file:
         return None
+    check_tls_pair(sec.tls_cert_file, sec.tls_key_file)  # else gRPC reports only a failed bind
     key = Path(sec.tls_key_file).expanduser().read_bytes()
     chain = Path(sec.tls_cert_file).expanduser().read_bytes()
     ca = Path(sec.tls_client_ca_file).expanduser().read_bytes() if sec.tls_client_ca_file else None
@@ -160,7 +187,7 @@ class GrpcServer:
         self.service = service
         self.auth = auth
         self.servicer = CompletionServicer(service, auth, controller_state, pin)
-        self.health = health_aio.HealthServicer()
+        self.health = BoundedHealthServicer(cfg.limits.max_health_watchers)
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self._pending_health: set[asyncio.Future] = set()

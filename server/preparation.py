@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.errors import RequestError, invalid
 from quickdraft.server.prompt_tokens import PromptTokenizer, tokenize
-from quickdraft.server.request_validation import LATENCY_CLASS_NAMES, check
+from quickdraft.server.request_validation import LATENCY_CLASS_NAMES, check, prompt_chars
+from quickdraft.server.tokenizer_pool import TokenizerPool
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.wire import PROMPT_LIMIT_KEY, PROMPT_TOKENS_KEY
 
@@ -70,8 +71,20 @@ class PreparedRequest:
 
 
 def prepare(req: pb.CompleteRequest, cfg: QuickdraftConfig, tokens: PromptTokenizer) -> PreparedRequest:
+    """Check, tokenize on this thread, fit."""
     check(req, cfg)
-    ids = tokenize(tokens, req, cfg.preset.prompt_format)
+    return _fit(req, cfg, tokenize(tokens, req, cfg.preset.prompt_format))
+
+
+async def prepare_off_loop(req: pb.CompleteRequest, cfg: QuickdraftConfig, tokens: PromptTokenizer, pool: TokenizerPool, client: str) -> PreparedRequest:
+    """``prepare`` for the serving path: checks first, then a long prompt is
+    tokenized on the pool, in ``client``'s turn."""
+    check(req, cfg)
+    ids = await pool.run(client, prompt_chars(req), lambda: tokenize(tokens, req, cfg.preset.prompt_format))
+    return _fit(req, cfg, ids)
+
+
+def _fit(req: pb.CompleteRequest, cfg: QuickdraftConfig, ids: list[int]) -> PreparedRequest:
     if not ids:
         raise invalid("prefix", "the prompt tokenizes to nothing")
     limit = cfg.max_prompt_tokens()
@@ -94,13 +107,12 @@ def prepare(req: pb.CompleteRequest, cfg: QuickdraftConfig, tokens: PromptTokeni
         stop=list(req.stop),
         seed=req.seed if req.HasField("seed") else None,
     )
-    text_len = len(req.prefix) + len(req.suffix) + sum(len(f.content) for f in req.context_files)
     return PreparedRequest(
         request_id=req.request_id or uuid.uuid4().hex,
         prompt_token_ids=ids,
         sampling=sampling,
         latency_class=LATENCY_CLASS_NAMES[req.latency_class],
         fim=req.HasField("suffix"),
-        prompt_chars=text_len,
+        prompt_chars=prompt_chars(req),
         prompt_sha=hashlib.sha256(array("i", ids).tobytes()).hexdigest()[:12],
     )

@@ -21,12 +21,25 @@ MAX_TEMPERATURE = 2.0
 MAX_REQUEST_ID = 128
 
 
+def prompt_chars(req: pb.CompleteRequest) -> int:
+    """Characters of prompt text: prefix, suffix and context files."""
+    return len(req.prefix) + len(req.suffix) + sum(len(f.content) for f in req.context_files)
+
+
 def check(req: pb.CompleteRequest, cfg: QuickdraftConfig) -> None:
-    """Field checks that need no tokenizer."""
+    """Field checks that need no tokenizer, sizes first: nothing here reads a
+    string character by character before its size has passed."""
     lim = cfg.limits
     size = req.ByteSize()
     if size > lim.max_request_bytes:
         raise invalid(None, f"request is {size} bytes; the limit is limits.max_request_bytes = {lim.max_request_bytes}")
+    chars = prompt_chars(req)
+    if chars > cfg.max_prompt_chars():
+        # Refused here, before any tokenizer runs: a prompt this long costs the
+        # tokenizer real time, and cannot fit max_prompt_tokens anyway.
+        raise invalid("prefix", f"the prompt is {chars} characters; the limit is limits.max_prompt_chars = {cfg.max_prompt_chars()}, "
+                                f"far past limits.max_prompt_tokens = {cfg.max_prompt_tokens()} "
+                                f"(aim for GetServerInfo.limits.prompt_budget_tokens = {cfg.prompt_budget_tokens()} tokens)")
     if len(req.request_id) > MAX_REQUEST_ID:
         raise invalid("request_id", f"{len(req.request_id)} characters; at most {MAX_REQUEST_ID}")
     if not req.request_id.isprintable():

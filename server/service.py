@@ -12,19 +12,21 @@ import dataclasses
 import logging
 import time
 import uuid
+from pathlib import Path
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import AsyncIterator, Callable, Mapping
 
 from quickdraft import __version__
-from quickdraft.server.admission import Admission
+from quickdraft.server.admission import Admission, Client
 from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.engine import EngineSnapshot, hardware_description, vllm_version
 from quickdraft.server.engine_manager import EngineManager
 from quickdraft.server.errors import RequestError
-from quickdraft.server.preparation import prepare
+from quickdraft.server.preparation import prepare_off_loop
 from quickdraft.server.speculative import SpecConfig
 from quickdraft.server.telemetry import RequestRecord, Telemetry
+from quickdraft.server.tokenizer_pool import TokenizerPool
 from quickdraft.v1 import completion_pb2 as pb
 
 log = logging.getLogger("quickdraft.requests")
@@ -132,6 +134,7 @@ class CompletionService:
         self.engines = engines
         self.telemetry = telemetry
         self.admission = admission or Admission(cfg.limits.max_concurrent_streams, cfg.limits.max_streams_per_client)
+        self.tokenizer_pool = TokenizerPool(cfg.limits.tokenizer_threads, cfg.limits.tokenizer_share)
         self.observers = Observers()
 
     def stop_accepting(self) -> None:
@@ -145,15 +148,15 @@ class CompletionService:
             return False, "draining"  # the engine still serves the last streams
         return self.engines.serving, self.engines.state
 
-    def refused(self, code: str) -> None:
+    def refused(self, code: str, user: str = "anonymous") -> None:
         """Count a request a front end refused before it reached complete()
         (unparsable, unauthenticated, unsupported), with the service's own refusals."""
-        self.telemetry.reject(code)
+        self.telemetry.reject(code, user=user)
 
-    async def complete(self, req: pb.CompleteRequest, client: str = "anonymous", headers: Mapping[str, str] | None = None) -> AsyncIterator[pb.CompleteResponse]:
+    async def complete(self, req: pb.CompleteRequest, client: Client | str = "anonymous", headers: Mapping[str, str] | None = None) -> AsyncIterator[pb.CompleteResponse]:
         """Stream one completion: text deltas, then a final message.
 
-        ``client`` is the per-client limits key; ``headers`` the call's gRPC
+        ``client`` is who asks (a plain string is a per-client limits key); ``headers`` the call's gRPC
         metadata or HTTP headers, whose W3C trace context parents the request's span.
         Raises RequestError before the first message for refused requests; a
         cancelled caller (task cancellation or generator close) aborts the
@@ -161,20 +164,21 @@ class CompletionService:
         """
         timing = Timing(arrival=time.perf_counter())
         trace_context = self.telemetry.trace_context(headers or {})
+        client = client if isinstance(client, Client) else Client(client)
         try:
             with self.admission.admit(client):
                 async with self.engines.lease() as engine:
-                    prepared = prepare(req, self.cfg, engine.prompt_tokens)
+                    prepared = await prepare_off_loop(req, self.cfg, engine.prompt_tokens, self.tokenizer_pool, client.key)
                     # aclosing: when our caller closes us, the inner stream closes (and
                     # aborts the engine request) now, not when it is garbage-collected.
-                    async with contextlib.aclosing(self._stream(engine, prepared, timing, trace_context)) as stream:
+                    async with contextlib.aclosing(self._stream(engine, prepared, timing, trace_context, client.user)) as stream:
                         async for msg in stream:
                             yield msg
         except RequestError as e:
-            self.telemetry.reject(e.code)
+            self.telemetry.reject(e.code, user=client.user)
             raise
 
-    async def _stream(self, engine, prepared, timing: Timing, trace_context) -> AsyncIterator[pb.CompleteResponse]:
+    async def _stream(self, engine, prepared, timing: Timing, trace_context, user: str) -> AsyncIterator[pb.CompleteResponse]:
         engine_id = f"{prepared.request_id}-{uuid.uuid4().hex[:8]}"
         sampling = prepared.sampling.to_vllm(engine.stop_token_ids)
         started_spec, started_switches = engine.spec, engine.switches  # a live switch may change them mid-request
@@ -188,6 +192,7 @@ class CompletionService:
             "gen_ai.request.model": self.cfg.preset.name,
             "quickdraft.request_id": prepared.request_id,
             "quickdraft.latency_class": prepared.latency_class,
+            "enduser.id": user,
             "gen_ai.usage.input_tokens": prepared.prompt_tokens,
         }
         if self.cfg.telemetry.log_source_code:
@@ -248,6 +253,7 @@ class CompletionService:
                 accepted_per_position=list(spec.accepted_per_position),
                 num_drafts=spec.num_drafts,
                 running_at_first_token=timing.running_at_first,
+                user=user,
             )
             self.telemetry.record(record)
             self.observers(record, spec)
@@ -257,8 +263,8 @@ class CompletionService:
                 span.set_attribute("quickdraft.ttft_ms", timing.ttft * 1000)
             span.end()
             log.info(
-                "request %s class=%s prompt_tokens=%d chars=%d sha=%s completion_tokens=%d ttft_ms=%s tpot_ms=%s finish=%s spec=%s accepted=%d/%d",
-                prepared.request_id, prepared.latency_class, prepared.prompt_tokens, prepared.prompt_chars, prepared.prompt_sha,
+                "request %s user=%s class=%s prompt_tokens=%d chars=%d sha=%s completion_tokens=%d ttft_ms=%s tpot_ms=%s finish=%s spec=%s accepted=%d/%d",
+                prepared.request_id, user, prepared.latency_class, prepared.prompt_tokens, prepared.prompt_chars, prepared.prompt_sha,
                 timing.tokens, _ms(timing.ttft), _ms(timing.tpot), finish, started_spec.label(), spec.num_accepted_tokens, spec.num_draft_tokens,
             )
 
@@ -276,7 +282,7 @@ class CompletionService:
             )
             if running.enabled:
                 spec.method = "eagle3"
-                spec.drafter = engine.drafter or ""
+                spec.drafter = public_model_name(engine.drafter or "")
                 spec.num_speculative_tokens = running.k
                 spec.parallel_drafting = running.parallel
                 spec.per_batch_size.extend(pb.BatchSizeK(min_batch_size=a, max_batch_size=b, num_speculative_tokens=k)
@@ -284,7 +290,7 @@ class CompletionService:
         lim = cfg.limits
         return pb.ServerInfo(
             server_version=__version__,
-            model=cfg.target_path(),
+            model=public_model_name(cfg.target_path()),
             drafter=spec.drafter,
             vllm_version=vllm_version(),
             hardware=hardware_description(),
@@ -303,6 +309,17 @@ class CompletionService:
             state=self.engines.state,
             preset=cfg.preset.name,
         )
+
+
+def public_model_name(name: str) -> str:
+    """A model as callers may see it: a hub id as it is; a local directory by
+    its last two path parts, never the absolute path (it names users and hosts)."""
+    if not name:
+        return name
+    p = Path(name).expanduser()
+    if p.is_absolute() or name.startswith(".") or p.exists():
+        return "/".join(p.resolve().parts[-2:])
+    return name
 
 
 def _ms(seconds: float | None) -> str:

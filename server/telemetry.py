@@ -45,6 +45,7 @@ class RequestRecord:
     accepted_per_position: list[int]
     num_drafts: int
     running_at_first_token: int = 0  # the engine's running requests when the first token came out (0: unknown)
+    user: str = "anonymous"  # a tokens-file user id, never a token
 
 
 class Telemetry:
@@ -98,14 +99,15 @@ class Telemetry:
         self.duration.record(r.duration_s, attrs)
         self.tokens.record(r.prompt_tokens, {**attrs, "gen_ai.token.type": "input"})
         self.tokens.record(r.completion_tokens, {**attrs, "gen_ai.token.type": "output"})
-        self.requests.add(1, {**attrs, "quickdraft.finish": r.finish})
+        # The user only on counters: per-user histograms would multiply the series by the team's size.
+        self.requests.add(1, {**attrs, "quickdraft.finish": r.finish, "enduser.id": r.user})
         if r.num_drafts:
             self.drafts.add(r.num_drafts, attrs)
             for pos, n in enumerate(r.accepted_per_position, start=1):
                 self.accepted.add(n, {**attrs, "quickdraft.draft_position": pos})
 
-    def reject(self, code: str, latency_class: str = "unknown") -> None:
-        self.rejected.add(1, {**self._base, "rpc.grpc.status_code": code, "quickdraft.latency_class": latency_class})
+    def reject(self, code: str, latency_class: str = "unknown", user: str = "anonymous") -> None:
+        self.rejected.add(1, {**self._base, "rpc.grpc.status_code": code, "quickdraft.latency_class": latency_class, "enduser.id": user})
 
     def trace_context(self, headers: Mapping[str, str]):
         """The caller's span context from W3C headers (gRPC metadata or HTTP headers)."""

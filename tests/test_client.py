@@ -8,7 +8,8 @@ import threading
 import grpc
 import pytest
 
-from quickdraft.client import AsyncCompletionClient, CompletionClient, RetryPolicy, build_request
+from quickdraft.client import AsyncCompletionClient, CompletionClient, PlaintextTokenError, RetryPolicy, build_request, is_loopback_target
+from quickdraft.client.request import make_credentials
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.v1.completion_pb2_grpc import CompletionServicer, add_CompletionServicer_to_server
 
@@ -121,3 +122,59 @@ def test_build_request_rejects_unknown_latency_class():
         build_request(prefix="x", latency_class="urgent")
     req = build_request(prefix="x", suffix="", temperature=0.2, seed=3)
     assert req.HasField("suffix") and req.temperature == pytest.approx(0.2) and req.seed == 3
+
+
+# -- a bearer token never travels in plaintext to another machine -------------------
+
+REMOTE_TARGETS = [
+    "10.0.0.5:50051",
+    "example.com:443",
+    "localhost.example.com:50051",
+    "0.0.0.0:50051",
+    "[2001:db8::1]:50051",
+    "dns:///example.com:50051",
+    "dns://8.8.8.8/localhost:50051",  # that DNS server decides where "localhost" is
+    "ipv4:127.0.0.1:50051,10.0.0.5:50051",  # one remote address is enough
+    "xds:///completion",
+]
+LOOPBACK_TARGETS = [
+    "127.0.0.1:50051",
+    "127.9.9.9:50051",
+    "localhost:50051",
+    "[::1]:50051",
+    "unix:/tmp/quickdraft.sock",
+    "unix-abstract:quickdraft",
+    "dns:///localhost:50051",
+    "ipv6:[::1]:50051",
+]
+
+
+@pytest.mark.parametrize("target", REMOTE_TARGETS)
+@pytest.mark.parametrize("client_cls", [CompletionClient, AsyncCompletionClient])
+def test_refuses_a_plaintext_token_to_a_remote_host(target, client_cls):
+    # No server anywhere: the check happens at construction, before any connection.
+    with pytest.raises(PlaintextTokenError, match=r"without TLS.*TLS.*loopback") as err:
+        client_cls(target, token="s3cret")
+    assert target in str(err.value)
+    assert "s3cret" not in str(err.value)
+
+
+@pytest.mark.parametrize("client_cls", [CompletionClient, AsyncCompletionClient])
+def test_an_authorization_header_in_metadata_counts_as_a_token(client_cls):
+    with pytest.raises(PlaintextTokenError):
+        client_cls("10.0.0.5:50051", metadata={"Authorization": "Bearer s3cret"})
+
+
+def test_plaintext_token_is_allowed_to_loopback_and_tls_or_no_token_anywhere():
+    async def construct_and_close(target: str, **kwargs) -> None:
+        await AsyncCompletionClient(target, **kwargs).close()
+
+    for target in LOOPBACK_TARGETS:
+        assert is_loopback_target(target), target
+        CompletionClient(target, token="s3cret").close()
+        asyncio.run(construct_and_close(target, token="s3cret"))
+    for target in REMOTE_TARGETS:
+        assert not is_loopback_target(target), target
+        CompletionClient(target).close()  # no token: nothing secret to leak
+        CompletionClient(target, token="s3cret", credentials=make_credentials()).close()
+        asyncio.run(construct_and_close(target, token="s3cret", credentials=make_credentials()))

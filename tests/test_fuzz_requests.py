@@ -134,6 +134,8 @@ def violations(req: pb.CompleteRequest) -> set[str]:
     v: set[str] = set()
     if req.ByteSize() > LIM.max_request_bytes:
         v.add("max_request_bytes")
+    if len(req.prefix) + len(req.suffix) + sum(len(f.content) for f in req.context_files) > CFG.max_prompt_chars():
+        v.add("max_prompt_chars")
     if len(req.request_id) > MAX_REQUEST_ID or not req.request_id.isprintable():
         v.add("request_id")
     if not req.prefix and not req.HasField("suffix") and len(req.context_files) == 0:

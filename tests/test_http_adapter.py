@@ -11,16 +11,18 @@ import socket
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+import httpx
 import openai
 import pytest
 from transformers import AutoTokenizer
 
-from quickdraft.server.config import load_config
+from quickdraft.server.config import ConfigError, load_config
 from quickdraft.server.engine import EngineSnapshot
 from quickdraft.server.engine_manager import EngineManager
 from quickdraft.server.frontend import Auth
 from quickdraft.server.openai.api_router import build_app
 from quickdraft.server.openai.http_server import HttpServer
+from quickdraft.server.openai.json_body import MAX_DEPTH
 from quickdraft.server.openai.protocol import ApiError, chat_call, completion_call
 from quickdraft.server.openai.serving import OpenAIServing
 from quickdraft.server.presets import embedded_dir
@@ -325,7 +327,7 @@ async def test_malformed_bodies_and_unknown_paths_have_the_openai_shape(api):
         assert got == status, (path, payload)
         assert set(payload["error"]) == {"message", "type", "param", "code"}
     # Refused on its Content-Length, before the body is read.
-    got, payload = await api.raw("POST", "/v1/completions", None, {"Content-Length": str(api.serving.max_body + 1)})
+    got, payload = await api.raw("POST", "/v1/completions", None, {"Content-Length": str(api.serving.max_body + 1), "Content-Type": "application/json"})
     assert got == 413 and "max_request_bytes" in payload["error"]["message"]
 
 
@@ -340,6 +342,318 @@ async def test_engine_failure_mid_stream_is_an_error_event():
         assert got == ["def"] and "generation failed" in err.value.message
     finally:
         await stop_api(a)
+
+
+# --- hostile bodies (in process) ---------------------------------------------------------------
+
+JSON = {"Content-Type": "application/json"}
+
+
+def asgi(api: Api, raise_app_exceptions: bool = True) -> httpx.AsyncClient:
+    """The app without sockets; what the app raises reaches the test."""
+    transport = httpx.ASGITransport(app=api.http.app, raise_app_exceptions=raise_app_exceptions)
+    return httpx.AsyncClient(transport=transport, base_url="http://quickdraft.test")
+
+
+def nested(depth: int, inner: str = "1") -> str:
+    return "[" * depth + inner + "]" * depth
+
+
+def error_of(r: httpx.Response) -> dict:
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 5_000 + b"]" * 5_000,  # past the interpreter's recursion limit
+        b'{"prompt": "x", "user": ' + b'{"a": ' * 5_000 + b"1" + b"}" * 5_000 + b"}",
+        # Just past MAX_DEPTH, in a parameter the server ignores: refused all the same.
+        ('{"prompt": "x", "user": ' + nested(MAX_DEPTH) + "}").encode(),
+    ],
+    ids=["array-5k", "object-5k", "just-past-the-limit"],
+)
+async def test_deep_nesting_is_a_400_naming_it(api, body):
+    async with asgi(api) as c:
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            r = await c.post(path, content=body, headers=JSON)
+            assert r.status_code == 400, r.text
+            assert "nested too deeply" in error_of(r)["message"] and str(MAX_DEPTH) in r.json()["error"]["message"]
+        # The deepest body allowed still runs (the object itself is the first level).
+        r = await c.post("/v1/completions", content=('{"prompt": "x", "max_tokens": 2, "user": ' + nested(MAX_DEPTH - 1) + "}").encode(), headers=JSON)
+        assert r.status_code == 200, r.text
+    assert len(api.engine.calls) == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" + b"1," * 2_000_000 + b"1]",  # 4 MB: 0.9 s of the event loop to parse, every other stream stalled
+        b'{"prompt": "x", "user": [' + b"[]," * 1_000_000 + b"[]]}",
+        b'{"prompt": "x", "user": ' + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"}",
+        b'{"prompt": "x", "stop": [' + b'"\\","\"",' * 100_000 + b'""]}',  # escapes cannot hide strings
+    ],
+    ids=["ints", "lists", "deep-objects", "escaped-strings"],
+)
+async def test_a_body_of_too_many_values_is_refused_before_it_is_parsed(api, body, monkeypatch):
+    parsed = []
+    monkeypatch.setattr("quickdraft.server.openai.json_body.json", SimpleNamespace(loads=lambda *a, **k: parsed.append(1)))
+    async with asgi(api) as c:
+        r = await c.post("/v1/completions", content=body, headers=JSON)
+    assert r.status_code == 400 and f"more than {api.serving.bounds.max_json_values} JSON values" in error_of(r)["message"], r.text
+    assert not parsed, "the body was handed to the parser"
+
+
+def test_the_values_bound_never_undercounts():
+    from quickdraft.server.openai.json_body import values_bound
+
+    code = 'def f(a, b):\n    return {"k": [a, b], \'s\': "\\\""}\n' * 2000  # commas, colons, quotes, brackets and escapes in a prompt
+    for value in [{"prompt": code, "max_tokens": 5, "stop": ["\n", "\\", '"']},
+                  {"messages": [{"role": "user", "content": [{"type": "text", "text": code[:50]}] * 3}] * 200},
+                  [[], {}, [1, [2, {"a": [None, True, 1.5e3, -0]}]], "\\\"[,{:"] * 50]:
+        for text in (json.dumps(value), json.dumps(value, indent=2), json.dumps(value, ensure_ascii=False)):
+            actual = count_values(json.loads(text))
+            assert actual <= values_bound(text.encode(), 10**9)
+            for limit in (0, actual // 2, actual - 1):  # a body past a limit is known to be past it
+                assert values_bound(text.encode(), limit) > limit
+
+
+def count_values(v) -> int:
+    if isinstance(v, dict):
+        return 1 + sum(1 + count_values(x) for x in v.values())  # each key, each value
+    if isinstance(v, list):
+        return 1 + sum(count_values(x) for x in v)
+    return 1
+
+
+async def test_the_largest_plausible_chat_is_within_the_values_limit(api):
+    # As many messages and text parts as Bounds lets through, each a full object:
+    # never refused for the values they take.
+    n = api.serving.bounds.max_prompt_tokens
+    parts = [{"type": "text", "text": "x"}] * n
+    async with asgi(api) as c:
+        for messages in ([{"role": "user", "content": "x"}] * n, [{"role": "user", "content": parts}]):
+            r = await c.post("/v1/chat/completions", json={"model": "embedded", "messages": messages, "max_tokens": 2})
+            # Served, or refused by the service for its length: either way parsed and translated.
+            assert r.status_code == 200 or error_of(r)["param"] == "messages", r.text
+
+
+@pytest.mark.parametrize("param", ["max_tokens", "temperature", "top_p", "seed", "n", "stream"])
+async def test_a_5000_digit_number_is_a_400_naming_the_parameter(api, param):
+    body = '{"prompt": "x", "%s": %s}' % (param, "9" * 5000)
+    async with asgi(api) as c:
+        r = await c.post("/v1/completions", content=body.encode(), headers=JSON)
+        assert r.status_code == 400, r.text
+        error = error_of(r)
+        assert error["param"] == param and "5000-digit number" in error["message"]
+        # In a parameter the server ignores, it is ignored like the rest.
+        r = await c.post("/v1/completions", content=b'{"prompt": "x", "max_tokens": 2, "user": -%s}' % (b"9" * 5000), headers=JSON)
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        (b'{"prompt": "x", "temperature": NaN}', "NaN is not a JSON number"),
+        (b'{"prompt": "x", "top_p": -Infinity}', "-Infinity is not a JSON number"),
+        (b'{"prompt": "caf\xe9"}', "not valid UTF-8 (byte 15)"),
+        (b'{"prompt": "\xed\xa0\x80"}', "not valid UTF-8"),  # a surrogate, UTF-8 encoded
+        (b'\xef\xbb\xbf{"prompt": "x"}', "not valid JSON"),
+        ('{"prompt": "x"}'.encode("utf-16"), "not valid UTF-8"),
+        (b"", "not valid JSON"),
+    ],
+)
+async def test_bodies_that_are_not_utf8_json_are_400_naming_why(api, body, says):
+    async with asgi(api) as c:
+        r = await c.post("/v1/completions", content=body, headers=JSON)
+    assert r.status_code == 400 and says in error_of(r)["message"], r.text
+
+
+@pytest.mark.parametrize(
+    "path, fields, status, param",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": ["user"], "content": "x"}]}, 400, "messages[0].role"),
+        ("/v1/chat/completions", {"messages": [{"role": {"a": 1}, "content": "x"}]}, 400, "messages[0].role"),
+        ("/v1/chat/completions", {"messages": ["hi"]}, 400, "messages[0]"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": {"text": "x"}}]}, 400, "messages[0].content"),
+        ("/v1/chat/completions", {"messages": {"role": "user"}}, 400, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": [1]}}, 400, "response_format"),
+        ("/v1/completions", {"prompt": "x", "model": ["embedded"]}, 400, "model"),
+        ("/v1/completions", {"prompt": "x", "model": "\ud800"}, 404, "model"),
+        ("/v1/completions", {"prompt": "x", "model": "m" * 100_000}, 404, "model"),
+        ("/v1/completions", {"prompt": {"text": "x"}}, 400, "prompt"),
+        ("/v1/completions", {"prompt": "x", "suffix": "\udfff"}, 400, "suffix"),
+        ("/v1/completions", {"prompt": "x", "stop": [1, 2]}, 400, "stop"),
+        ("/v1/completions", {"prompt": "x", "stop": {"a": 1}}, 400, "stop"),
+        ("/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
+        ("/v1/completions", {"prompt": "x", "stream": True, "stream_options": [True]}, 400, "stream_options"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 1.5}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "x", "logit_bias": {"1": [2]}}, 400, "logit_bias"),
+    ],
+)
+async def test_wrong_field_types_are_refused_naming_the_field(api, path, fields, status, param):
+    body = json.dumps(fields).encode()  # lone surrogates become JSON escapes ("\\ud800"), as a client sends them
+    async with asgi(api) as c:
+        r = await c.post(path, content=body, headers=JSON)
+    assert r.status_code == status, r.text
+    error = error_of(r)
+    assert error["param"] == param and error["message"].startswith(param)
+    assert len(r.content) < 1000, "an error quotes a client's value briefly, never whole"
+    assert not api.engine.calls
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/jsonp"])
+async def test_only_json_bodies_are_read(api, content_type):
+    # A web page can send these to a local server without a CORS preflight; application/json it cannot.
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    async with asgi(api) as c:
+        r = await c.post("/v1/completions", content=b'{"prompt": "x"}', headers=headers)
+        assert r.status_code == 415 and error_of(r)["param"] == "Content-Type", r.text
+        r = await c.post("/v1/completions", content=b'{"prompt": "x", "max_tokens": 2}', headers={"Content-Type": "Application/JSON; charset=utf-8"})
+        assert r.status_code == 200
+    assert len(api.engine.calls) == 1
+
+
+async def test_a_chunked_body_is_refused_once_past_the_limit_not_read_to_its_end(api):
+    sent = 0
+    chunk = b" " * 65536
+    total = 4 * api.serving.max_body
+
+    async def endless():
+        nonlocal sent
+        while sent < total:
+            sent += len(chunk)
+            yield chunk
+
+    async with asgi(api) as c:
+        r = await c.post("/v1/completions", content=endless(), headers=JSON)  # no Content-Length: chunked
+        assert r.status_code == 413 and "max_request_bytes" in error_of(r)["message"]
+        assert sent <= api.serving.max_body + len(chunk), "the server read on past its limit"
+        # Content-Length that int() cannot read: over any limit, or not a number at all.
+        r = await c.post("/v1/completions", content=b"{}", headers={**JSON, "Content-Length": "9" * 5000})
+        assert r.status_code == 413 and "max_request_bytes" in error_of(r)["message"]
+        r = await c.post("/v1/completions", content=b"{}", headers={**JSON, "Content-Length": b"\xb2"})  # "²": isdigit() but not int()
+        assert r.status_code == 400 and error_of(r)["param"] == "Content-Length"
+
+
+async def test_hostile_counts_are_refused_before_they_are_walked(api):
+    for call, body, param, says in [
+        (completion_call, {"prompt": "x", "stop": ["a"] * 100_000}, "stop", "100000 stop sequences"),
+        (completion_call, {"prompt": [7] * 1_000_000}, "prompt", "a list of 1000000 items"),
+        (chat_call, {"messages": [{"role": "user", "content": "x"}] * 100_000}, "messages", "100000 messages"),
+        (chat_call, {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}] * 100_000}]}, "messages[0].content", "100000 parts"),
+    ]:
+        with pytest.raises(ApiError) as err:
+            call(body, api.serving.bounds)
+        assert err.value.status == 400 and err.value.param == param and says in err.value.message
+    async with asgi(api) as c:  # over HTTP, such a body is refused before it is parsed
+        r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}] * 100_000})
+    assert r.status_code == 400 and "JSON values" in error_of(r)["message"]
+
+
+async def test_hostile_bodies_over_a_socket_are_refused_by_name_and_the_server_keeps_serving(api):
+    # Through uvicorn, as a client sends them: each was a 500 (an exception in the app) before.
+    for body, status, says in [
+        (b"[" * 5_000 + b"]" * 5_000, 400, "nested too deeply"),
+        (b"[" + b"1," * 2_000_000 + b"1]", 400, "JSON values"),
+        (b'{"prompt": "x", "max_tokens": %s}' % (b"9" * 5000), 400, "max_tokens: "),
+        (b'{"prompt": "x", "seed": -%s}' % (b"9" * 5000), 400, "seed: "),
+        (b'{"prompt": "x", "temperature": NaN}', 400, "NaN"),
+        (b'{"messages": [{"role": ["user"], "content": "x"}]}', 400, "messages[0].role: "),
+    ]:
+        path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
+        got, payload = await api.raw("POST", path, body, JSON)
+        assert got == status and says in payload["error"]["message"], (body[:60], got, payload)
+    assert not api.engine.calls and api.service.admission.open == 0
+    r = await api.client().completions.create(model="embedded", prompt="x = ", max_tokens=4)
+    assert r.choices[0].text == "def f():"
+    assert await api.raw("GET", "/health") == (200, {"status": "serving"})
+
+
+async def test_models_name_the_model_never_a_filesystem_path(api):
+    async with asgi(api) as c:
+        r = await c.get("/v1/models")
+    assert r.status_code == 200
+    assert api.serving.cfg.target_path().startswith("/"), "the embedded model is a local folder: the case that leaked"
+    assert api.serving.cfg.target_path() not in r.text and "/" not in r.text
+    assert [(m["id"], m["root"]) for m in r.json()["data"]] == [("embedded", "embedded")]
+
+
+async def test_a_server_bug_is_a_500_in_the_openai_shape(api, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(api.serving, "parse", broken)
+    async with asgi(api, raise_app_exceptions=False) as c:
+        r = await c.post("/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 500 and error_of(r)["code"] == "INTERNAL" and "RuntimeError" in r.json()["error"]["message"]
+
+
+async def test_a_client_gone_while_sending_its_body_is_no_server_error(api):
+    sent: list[dict] = []
+    incoming = iter([{"type": "http.request", "body": b'{"prompt": ', "more_body": True}, {"type": "http.disconnect"}])
+
+    async def receive():
+        return next(incoming)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}
+    await api.http.app(scope, receive, send)  # raised ClientDisconnect before
+    assert sent[0]["status"] == 499 and not api.engine.calls
+
+
+# --- client identity behind proxies ---------------------------------------------------------
+
+
+async def _second_stream_status(a: Api, forwarded: tuple[str, str]) -> int:
+    """Open a stream claiming X-Forwarded-For forwarded[0], then another claiming
+    forwarded[1], both from loopback, with limits.max_streams_per_client = 1."""
+    c = a.client()
+    first = await c.completions.create(model="embedded", prompt="x = ", stream=True, extra_headers={"X-Forwarded-For": forwarded[0]})
+    await first.__anext__()
+    try:
+        second = await c.completions.create(model="embedded", prompt="x = ", stream=True, extra_headers={"X-Forwarded-For": forwarded[1]})
+    except openai.RateLimitError as e:
+        assert "max_streams_per_client" in e.message
+        return 429
+    finally:
+        await first.close()
+    await second.close()
+    return 200
+
+
+async def test_a_forged_x_forwarded_for_does_not_change_the_client():
+    # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise: a local
+    # user could take any client's name, or a fresh quota per request.
+    a = await start_api(FakeEngine(steps=[("a", 1)] * 5000, delay=0.02), **{"limits__max_streams_per_client": 1})
+    try:
+        assert await _second_stream_status(a, ("10.0.0.1", "10.0.0.2")) == 429, "a forged header made a second client"
+    finally:
+        await stop_api(a)
+
+
+async def test_trusted_proxies_name_the_client_they_forward():
+    a = await start_api(FakeEngine(steps=[("a", 1)] * 5000, delay=0.02), **{"limits__max_streams_per_client": 1, "http__trusted_proxies": ["127.0.0.0/8"]})
+    try:
+        assert await _second_stream_status(a, ("10.0.0.1", "10.0.0.2")) == 200, "two clients behind the proxy share one quota"
+        assert await until(lambda: a.service.admission.open == 0)
+        assert await _second_stream_status(a, ("10.0.0.3", "10.0.0.3")) == 429, "one client behind the proxy got two quotas"
+    finally:
+        await stop_api(a)
+
+
+@pytest.mark.parametrize("entry", ["*", "proxy.internal", "10.0.0.0/33", ""])
+async def test_trusted_proxies_must_be_addresses(entry):
+    cfg = load_config(env={}, overrides={"http.trusted_proxies": json.dumps(["10.0.0.1", entry])})
+    cfg.http.port = 0
+    with pytest.raises(ConfigError, match=r"http\.trusted_proxies\[1\]"):
+        await HttpServer(cfg, app=None).start()  # type: ignore[arg-type]
 
 
 # --- limits, auth, cancellation ------------------------------------------------------------
@@ -420,13 +734,79 @@ async def test_taken_port_is_a_clear_error():
 
 
 def test_made_up_tokens_do_not_escape_the_per_client_limit_without_auth():
+    # Without a tokens file a token names no one: every caller is its peer host, so
+    # a fresh made-up token per call buys no fresh quota, and one shared token is
+    # no longer one quota for the whole team.
     from quickdraft.server.frontend import http_peer_host
 
     peer = http_peer_host("127.0.0.1")
-    without, with_auth = Auth(None), Auth("s3cret")
-    assert without.client_identity("Bearer a", peer) == without.client_identity("Bearer b", peer) == "ipv4:127.0.0.1"
-    assert with_auth.client_identity("Bearer a", peer) != with_auth.client_identity("Bearer b", peer)
+    without, shared = Auth(None), Auth("s3cret")
+    for auth in (without, shared):
+        clients = {auth.client(header, peer) for header in ("Bearer a", "Bearer b", "Bearer s3cret", "")}
+        assert {c.key for c in clients} == {"ipv4:127.0.0.1"} and {c.user for c in clients} == {"anonymous"}
+    assert shared.client("Bearer s3cret", "ipv4:10.0.0.1").key != shared.client("Bearer s3cret", "ipv4:10.0.0.2").key
     assert http_peer_host("::1") == "ipv6:[::1]", "written as gRPC writes peers: one client on both protocols"
+
+
+async def test_made_up_tokens_get_no_second_stream_over_http():
+    a = await start_api(FakeEngine(steps=[("a", 1)] * 5000, delay=0.02), **{"limits__max_streams_per_client": 1})
+    try:
+        first = await a.client("made-up-1").completions.create(model="embedded", prompt="x = ", stream=True)
+        await first.__anext__()
+        with pytest.raises(openai.RateLimitError) as err:
+            await a.client("made-up-2").completions.create(model="embedded", prompt="x = ", max_tokens=2)
+        assert "max_streams_per_client (1)" in err.value.message
+        await first.close()
+    finally:
+        await stop_api(a)
+
+
+def tokens_file(tmp_path, **users: int | None) -> tuple[str, dict[str, str]]:
+    """A tokens file of ``users`` (name=max_streams); (its path, token by user)."""
+    from quickdraft.server.auth import TokensFile
+
+    tf = TokensFile()
+    tokens = {name: tf.add(name, max_streams=limit) for name, limit in users.items()}
+    path = tmp_path / "tokens.toml"
+    tf.write(path)
+    return str(path), tokens
+
+
+async def test_each_user_of_a_tokens_file_has_its_own_quota_over_http(tmp_path, caplog):
+    path, tokens = tokens_file(tmp_path, alice=1, bob=None)
+    a = await start_api(FakeEngine(steps=[("a", 1)] * 5000, delay=0.02), **{"security__auth_tokens_file": path, "limits__max_streams_per_client": 3})
+    try:
+        first = await a.client(tokens["alice"]).completions.create(model="embedded", prompt="x = ", stream=True)
+        await first.__anext__()
+        # alice's own limit (1), not limits.max_streams_per_client (3).
+        with pytest.raises(openai.RateLimitError) as err:
+            await a.client(tokens["alice"]).completions.create(model="embedded", prompt="x = ", max_tokens=2)
+        assert "this user's max_streams (1)" in err.value.message
+        # The same machine, another user: a quota of its own.
+        with caplog.at_level("INFO", logger="quickdraft.requests"):
+            second = await a.client(tokens["bob"]).completions.create(model="embedded", prompt="x = ", stream=True)
+            assert (await second.__anext__()).choices[0].text
+            await second.close()
+            await first.close()
+            assert await until(lambda: a.service.admission.open == 0)
+    finally:
+        await stop_api(a)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "user=bob" in logged, "HTTP requests are logged by user, as gRPC's are"
+    assert not any(t in logged for t in tokens.values()), "a token in the logs"
+
+
+async def test_refusals_before_the_service_are_counted_by_user(tmp_path, monkeypatch):
+    path, tokens = tokens_file(tmp_path, carol=None)
+    a = await start_api(**{"security__auth_tokens_file": path})
+    refused = []
+    monkeypatch.setattr(a.service.telemetry, "reject", lambda code, latency_class="unknown", user="anonymous": refused.append((code, user)))
+    try:
+        async with asgi(a) as c:
+            r = await c.post("/v1/completions", content=b"{", headers={**JSON, "Authorization": f"Bearer {tokens['carol']}"})
+        assert r.status_code == 400 and refused == [("INVALID_ARGUMENT", "carol")]
+    finally:
+        await stop_api(a)
 
 
 # --- serving without a network ---------------------------------------------------------------
@@ -444,11 +824,11 @@ async def test_serving_runs_a_request_without_a_network():
     await manager.start(SPEC)
     try:
         call = serving.parse(b'{"model": "embedded", "prompt": "x = ", "max_tokens": 4}', completion_call, "rid-1")
-        body = await serving.start(call, {}, "127.0.0.1").body()
+        body = await serving.start(call, {}, serving.identify({}, "127.0.0.1")).body()
         assert body["id"] == "cmpl-rid-1" and body["choices"][0]["text"] == "def f():"
         chat = serving.parse(b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 100000}', chat_call, None)
         with pytest.raises(ApiError) as err:
-            await serving.start(chat, {}, None).body()
+            await serving.start(chat, {}, serving.identify({}, None)).body()
         # The service's field (max_tokens) is named as the parameter the client sent.
         assert err.value.param == "max_completion_tokens" and err.value.message.startswith("max_completion_tokens: ")
         assert serving.health({}) == (200, {"status": "serving"})

@@ -428,3 +428,61 @@ async def test_an_engine_that_keeps_dying_young_is_restarted_with_another_config
     assert started == [crashing, crashing, cfg.spec_config()]
     assert manager.stats.fallbacks == 1 and manager.stats.restarts == 2
     await manager.stop()
+
+
+def test_serve_exits_1_when_the_engine_cannot_be_restarted(monkeypatch):
+    """The engine dies and every restart attempt fails: the manager gives up
+    (FAILED) and `serve_forever` returns 1, for a supervisor to restart the
+    server, instead of staying up NOT_SERVING."""
+    from quickdraft.server import engine_manager as em
+    from quickdraft.server.app import QuickdraftServer
+    from quickdraft.server.config import load_config
+
+    monkeypatch.setattr(em, "RESTART_BACKOFF_S", (0.0, 0.0, 0.0))
+    builds: list[SpecConfig] = []
+
+    async def factory(cfg, mode, live=False):
+        builds.append(mode)
+        if len(builds) > 1:
+            raise RuntimeError("no memory for a new engine")
+        return FakeEngine(mode, live)
+
+    cfg = load_config(env={}, overrides={"server.port": 0, "telemetry.metrics_port": 0})
+    server = QuickdraftServer(cfg, engine_factory=factory)
+
+    async def run() -> int:
+        serving = asyncio.create_task(server.serve_forever())
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if server.engines.state == em.SERVING:
+                break
+        assert server.engines.state == em.SERVING
+        server.engines.engine.dead = True
+        return await asyncio.wait_for(serving, 30)
+
+    assert asyncio.run(run()) == 1
+    assert len(builds) == 1 + len(em.RESTART_BACKOFF_S)
+    assert server._failed.is_set()  # it exited because the manager gave up, not for a signal
+
+
+def test_shutdown_counts_unfinished_requests_the_way_vllm_0_24_allows():
+    """vLLM 0.24's AsyncLLM has no get_num_unfinished_requests (0.32's has):
+    the count before cancelling the output handler comes from the output
+    processor, which both versions have, so a 0.24 shutdown raises nothing."""
+    from quickdraft.server.engine import _num_unfinished, _stop_output_handler
+
+    class OutputProcessor:
+        def __init__(self, n: int):
+            self.n = n
+
+        def get_num_unfinished_requests(self) -> int:
+            return self.n
+
+    class AsyncLLM024:  # the attributes 0.24 has, and no more
+        def __init__(self, n: int):
+            self.output_processor = OutputProcessor(n)
+            self.output_handler = None
+
+    assert not hasattr(AsyncLLM024(0), "get_num_unfinished_requests")
+    assert _num_unfinished(AsyncLLM024(3)) == 3
+    _stop_output_handler(AsyncLLM024(0))  # no task: nothing to cancel, and no AttributeError

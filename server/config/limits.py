@@ -29,3 +29,21 @@ class LimitsConfig:
     """Longest stop sequence, in characters."""
     max_request_bytes: int = 1024 * 1024
     """Largest CompleteRequest (prefix + suffix + context files)."""
+    max_prompt_chars: int | None = None
+    """Longest prompt text (prefix + suffix + context files, in characters),
+    refused before any tokenizer runs. None: max_prompt_tokens x 8 (code runs
+    3-4 characters per token, so only a prompt far over max_prompt_tokens
+    meets it)."""
+    tokenizer_threads: int = 2
+    """Threads that tokenize long prompts off the event loop. Each client
+    runs at most one tokenization at a time; the others wait their turn."""
+    tokenizer_share: float = 0.05
+    """Most of one tokenizer thread's time one client may use, averaged over
+    about 10 s; past it, that client's long prompts wait. A busy tokenizer
+    thread takes a core from the engine, so this bounds what one client's
+    oversized prompts can cost everyone else's streams: 0.05 is 0.5 s of
+    tokenizing per 10 s, some 150 prompts at the embedded model's largest
+    (8,064 characters), 25 at the GPU preset's. 1.0: a whole thread."""
+    max_health_watchers: int = 16
+    """grpc.health.v1 Watch streams open at once (all callers together);
+    more are RESOURCE_EXHAUSTED."""

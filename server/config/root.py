@@ -85,6 +85,9 @@ class QuickdraftConfig:
             return self.limits.max_prompt_tokens
         return max(1, self.max_model_len() - 16)
 
+    def max_prompt_chars(self) -> int:
+        return self.limits.max_prompt_chars or self.max_prompt_tokens() * 8
+
     def device(self) -> str:
         if self.engine.device != "auto":
             return self.engine.device

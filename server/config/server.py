@@ -21,6 +21,11 @@ class ServerConfig:
     """Largest gRPC message accepted or sent."""
     reflection: bool = True
     """gRPC server reflection, so generic tools (grpcurl) can call the API."""
+    retire_timeout_s: float = 600.0
+    """After a switch to a new engine, how long the old one may finish the
+    streams it still holds before it is stopped (they then end with
+    UNAVAILABLE). Long enough for any completion; it bounds a stream whose
+    client stopped reading."""
     engine_restart: bool = True
     """Restart the engine automatically when it dies."""
     log_level: str = "INFO"

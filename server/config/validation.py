@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -254,18 +255,25 @@ def _check_listeners(cfg: QuickdraftConfig) -> None:
         if not is_loopback(host) and not srv.allow_remote:
             raise ConfigError(f"{name} = {host!r} is not a loopback address; set server.allow_remote = true to serve other machines (and consider TLS and auth)")
     _rule(srv.grace_period_s >= 0, "server.grace_period_s", srv.grace_period_s, "use 0 or more seconds")
+    _rule(srv.retire_timeout_s >= 0, "server.retire_timeout_s", srv.retire_timeout_s, "use 0 or more seconds")
     _rule(srv.log_level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), "server.log_level", srv.log_level,
           "use DEBUG, INFO, WARNING, ERROR or CRITICAL")
 
 
 def _check_limits(cfg: QuickdraftConfig) -> None:
     lim = cfg.limits
-    for name in ("max_concurrent_streams", "max_streams_per_client", "default_max_tokens", "max_output_tokens", "max_request_bytes"):
+    for name in ("max_concurrent_streams", "max_streams_per_client", "default_max_tokens", "max_output_tokens", "max_request_bytes",
+                 "tokenizer_threads", "max_health_watchers"):
         _rule(getattr(lim, name) >= 1, f"limits.{name}", getattr(lim, name), "use at least 1")
+    _rule(0 < lim.tokenizer_share <= 1, "limits.tokenizer_share", lim.tokenizer_share,
+          "use a fraction of one thread above 0 and at most 1")
     if lim.default_max_tokens > lim.max_output_tokens:
         raise ConfigError(f"limits.default_max_tokens ({lim.default_max_tokens}) exceeds limits.max_output_tokens ({lim.max_output_tokens})")
     if cfg.max_prompt_tokens() >= cfg.max_model_len():
         raise ConfigError(f"limits.max_prompt_tokens ({cfg.max_prompt_tokens()}) must be below model.max_model_len ({cfg.max_model_len()}) to leave room for the completion")
+    if lim.max_prompt_chars is not None:
+        _rule(lim.max_prompt_chars >= cfg.max_prompt_tokens(), "limits.max_prompt_chars", lim.max_prompt_chars,
+              f"use at least limits.max_prompt_tokens ({cfg.max_prompt_tokens()}): a token is at least one character")
 
 
 def _check_security(cfg: QuickdraftConfig) -> None:
@@ -274,12 +282,55 @@ def _check_security(cfg: QuickdraftConfig) -> None:
         raise ConfigError("security.tls_cert_file and security.tls_key_file go together; set both to turn on TLS")
     if sec.tls_client_ca_file and not sec.tls_cert_file:
         raise ConfigError("security.tls_client_ca_file (mutual TLS) needs server TLS: set tls_cert_file and tls_key_file")
-    for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_token_file"):
+    for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_token_file", "auth_tokens_file"):
         value = getattr(sec, name)
         if value and not Path(value).expanduser().is_file():
             raise ConfigError(f"security.{name} = {value!r}: no such file")
+    if sec.auth_token_file and sec.auth_tokens_file:
+        raise ConfigError("security.auth_token_file (one shared token) and security.auth_tokens_file (a token per user) exclude each other; keep one")
     if sec.auth_token_file and not Path(sec.auth_token_file).expanduser().read_text().strip():
         raise ConfigError(f"security.auth_token_file {sec.auth_token_file!r} is empty")
+    if sec.auth_tokens_file:
+        from quickdraft.server.auth import TokensFile  # the file's own rules, one copy
+
+        if not TokensFile.read(sec.auth_tokens_file).users:
+            raise ConfigError(f"security.auth_tokens_file {sec.auth_tokens_file!r} has no users; add one with `quickdraft token add USER`")
+    if sec.tls_cert_file:
+        check_tls_pair(sec.tls_cert_file, sec.tls_key_file)
+    check_remote_exposure(cfg)
+
+
+def check_tls_pair(cert_file: str, key_file: str) -> None:
+    """The certificate and key load and belong together (else gRPC reports a failed bind)."""
+    import ssl
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(Path(cert_file).expanduser(), Path(key_file).expanduser())
+    except ssl.SSLError as e:
+        raise ConfigError(f"security.tls_cert_file {cert_file!r} and security.tls_key_file {key_file!r} do not load as a "
+                          f"certificate chain and its private key ({e.reason or e}); check both are PEM and that the key is the certificate's") from None
+
+
+def auth_configured(cfg: QuickdraftConfig) -> bool:
+    sec = cfg.security
+    return bool(sec.auth_tokens_file or sec.auth_token_file or os.environ.get(sec.auth_token_env, "").strip())
+
+
+def check_remote_exposure(cfg: QuickdraftConfig) -> None:
+    """A listener other machines can reach carries code and tokens: TLS and auth
+    on it, unless security.allow_insecure_remote says otherwise on purpose."""
+    if cfg.security.allow_insecure_remote:
+        return
+    tls, auth = bool(cfg.security.tls_cert_file), auth_configured(cfg)
+    listeners = [("server.host", cfg.server.host)] + ([("http.host", cfg.http.host)] if cfg.http.enabled else [])
+    for name, host in listeners:
+        if is_loopback(host) or (tls and auth):
+            continue
+        missing = " and ".join(w for w, ok in (("TLS (security.tls_cert_file, tls_key_file)", tls),
+                                               ("auth (security.auth_tokens_file or auth_token_file)", auth)) if not ok)
+        raise ConfigError(f"{name} = {host!r} serves other machines without {missing}: code and tokens would cross the network "
+                          "in the clear, or anyone could use the server. Set them, or set security.allow_insecure_remote = true "
+                          "(e.g. behind a TLS-terminating proxy on a private network)")
 
 
 # --- [controller] and its sections ----------------------------------------------

@@ -6,13 +6,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import ssl
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
 
-from quickdraft.server.config import QuickdraftConfig
+from quickdraft.server.config import ConfigError, QuickdraftConfig
+from quickdraft.server.config.http import trusted_proxy_networks
+from quickdraft.server.config.security import SecurityConfig
+from quickdraft.server.config.validation import check_tls_pair
 
 log = logging.getLogger("quickdraft.http")
 
@@ -38,6 +43,26 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _check_tls(sec: SecurityConfig) -> None:
+    """The TLS files load, before binding: uvicorn would fail later, inside its
+    task, with a bare ssl.SSLError ("[SSL] PEM lib") that names no setting."""
+    if not sec.tls_cert_file:
+        return
+    if not sec.tls_key_file:
+        raise ConfigError("security.tls_cert_file and security.tls_key_file go together; set both to turn on TLS")
+    for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+        value = getattr(sec, name)
+        path = Path(value).expanduser() if value else None
+        if path is not None and not (path.is_file() and os.access(path, os.R_OK)):
+            raise ConfigError(f"security.{name} = {value!r}: no such file, or not readable by the server's user")
+    check_tls_pair(sec.tls_cert_file, sec.tls_key_file)
+    if sec.tls_client_ca_file:
+        try:
+            ssl.create_default_context(cafile=str(Path(sec.tls_client_ca_file).expanduser()))
+        except ssl.SSLError as e:
+            raise ConfigError(f"security.tls_client_ca_file {sec.tls_client_ca_file!r} does not load as PEM CA certificates ({e.reason or e})") from None
+
+
 class HttpServer:
     """Serves ``app`` on cfg.http.host:cfg.http.port (0: a free port, then read
     ``.port``), with the server's TLS settings and shutdown grace."""
@@ -51,6 +76,9 @@ class HttpServer:
 
     async def start(self) -> int:
         cfg = self.cfg
+        # Settings that would fail inside uvicorn are ConfigErrors here, before binding.
+        proxies = trusted_proxy_networks(cfg.http)
+        _check_tls(cfg.security)
         sock = _bind(cfg.http.host, cfg.http.port)
         self.port = sock.getsockname()[1]
         sec = cfg.security
@@ -61,6 +89,12 @@ class HttpServer:
             ws="none",
             log_config=None,
             access_log=False,
+            server_header=False,
+            # uvicorn believes X-Forwarded-For from loopback by default: any local
+            # user could then pose as another client and take its stream quota.
+            # Only the proxies named in http.trusted_proxies are believed.
+            proxy_headers=bool(proxies),
+            forwarded_allow_ips=proxies,
             # In-flight streams get the same grace as gRPC's on shutdown (0: none).
             timeout_graceful_shutdown=cfg.server.grace_period_s,  # type: ignore[arg-type]
             ssl_certfile=sec.tls_cert_file,
@@ -72,6 +106,7 @@ class HttpServer:
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-api")
         while not self._server.started:
             if self._task.done():
+                sock.close()  # uvicorn leaves the socket it was given open
                 self._task.result()  # raises what stopped it
                 raise RuntimeError("the HTTP API stopped while starting")
             await asyncio.sleep(0.01)

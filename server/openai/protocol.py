@@ -4,6 +4,11 @@ messages.
 
 Errors have OpenAI's shape, {"error": {"message", "type", "param", "code"}},
 with ``code`` the status name the gRPC API uses (INVALID_ARGUMENT, ...).
+
+Bodies come from anyone who can reach the port, so reading one is bounded:
+``json_body.parse_body`` bounds the parse, and the translators here refuse
+oversized lists by count before walking them. Every refusal is an
+``ApiError`` naming what was wrong.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from quickdraft.v1 import completion_pb2 as pb
 
 # OpenAI's error "type" by HTTP status (what its client and editors look at).
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error", 405: "invalid_request_error",
-               413: "invalid_request_error", 429: "rate_limit_error"}
+               413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error"}
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 REQUEST_ID_HEADER = "X-Request-Id"
 INT32_MAX = 2**31 - 1
@@ -35,6 +40,8 @@ class ApiError(Exception):
     """A request answered with an OpenAI-shaped error."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str = "INVALID_ARGUMENT"):
+        # Lone surrogates (from "\\ud800" in a body) cannot be encoded as UTF-8; escape them.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status = status
         self.message = message
@@ -56,6 +63,18 @@ def bad(param: str, message: str) -> ApiError:
     return ApiError(400, f"{param}: {message}", param)
 
 
+def preview(value: Any, limit: int = 40) -> str:
+    """A client's value in an error message: short, and never a walk of a big or nested value."""
+    if isinstance(value, (dict, list)):
+        n = len(value)
+        return f"{'an object' if isinstance(value, dict) else 'a list'} of {n} {'key' if isinstance(value, dict) else 'item'}{'' if n == 1 else 's'}"
+    if isinstance(value, str):
+        text = json.dumps(value[:limit])
+    else:
+        text = json.dumps(value) if isinstance(value, (int, float)) else repr(value)
+    return text if len(text) <= limit + 2 else text[:limit] + "..."
+
+
 # --- reading OpenAI requests ----------------------------------------------------
 
 
@@ -74,7 +93,7 @@ class Params:
             return default
         # bool is an int in Python, never in JSON.
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise bad(name, f"expected {what}, got {json.dumps(value)[:40]}")
+            raise bad(name, f"expected {what}, got {preview(value)}")
         return value
 
     def number(self, name: str) -> float | None:
@@ -91,7 +110,26 @@ class Params:
         value = self.data.get(name)
         if value in allowed or (isinstance(value, (list, dict)) and not value and None in allowed):
             return
-        raise bad(name, f"{json.dumps(value)[:40]} is not supported by this server{hint}")
+        raise bad(name, f"{preview(value)} is not supported by this server{hint}")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Counts a request may not exceed, checked before its lists are walked, so
+    that a hostile body costs no more than its parse. The service checks the
+    exact limits afterwards."""
+
+    max_stop_sequences: int = 16
+    """limits.max_stop_sequences."""
+    max_prompt_tokens: int = 1008
+    """The config's max_prompt_tokens(): every chat message takes at least one
+    token, so more messages (or text parts) than this can never fit."""
+
+    @property
+    def max_json_values(self) -> int:
+        """Values a body may hold (``json_body.values_bound``): room for as many
+        messages and text parts as fit, each an object of a few keys and strings."""
+        return 16 * self.max_prompt_tokens + 4096
 
 
 @dataclass
@@ -109,7 +147,7 @@ class Call:
         self.names.setdefault("request_id", REQUEST_ID_HEADER)
 
 
-def _sampling(p: Params, req: pb.CompleteRequest, max_tokens_name: str) -> None:
+def _sampling(p: Params, req: pb.CompleteRequest, max_tokens_name: str, bounds: Bounds) -> None:
     """max_tokens, temperature, top_p, stop, seed: shared by both endpoints.
     Ranges are the service's to check; here only types and what the proto holds."""
     max_tokens = p.integer(max_tokens_name)
@@ -129,7 +167,11 @@ def _sampling(p: Params, req: pb.CompleteRequest, max_tokens_name: str) -> None:
     if isinstance(stop, str):
         stop = [stop]
     if stop is not None:
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        if not isinstance(stop, list):
+            raise bad("stop", f"expected a string or a list of strings, got {preview(stop)}")
+        if len(stop) > bounds.max_stop_sequences:
+            raise bad("stop", f"{len(stop)} stop sequences; the limit is limits.max_stop_sequences = {bounds.max_stop_sequences}")
+        if not all(isinstance(s, str) for s in stop):
             raise bad("stop", "expected a string or a list of strings")
         _set(req.stop.extend, stop, "stop")
 
@@ -161,14 +203,15 @@ def _prompt(p: Params) -> str:
         return prompt
     if prompt is None:
         raise bad("prompt", "required")
-    if isinstance(prompt, list) and prompt and all(isinstance(x, str) for x in prompt):
+    # Worded from the first item only: a list may hold a million.
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         raise bad("prompt", f"a batch of {len(prompt)} prompts is not supported; send one request per prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(x, (int, list)) and not isinstance(x, bool) for x in prompt):
-        raise bad("prompt", "token id prompts are not supported; send the prompt as text")
-    raise bad("prompt", "expected a string")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (int, list)) and not isinstance(prompt[0], bool):
+        raise bad("prompt", f"token id prompts ({preview(prompt)}) are not supported; send the prompt as text")
+    raise bad("prompt", f"expected a string, got {preview(prompt)}")
 
 
-def completion_call(body: Any) -> Call:
+def completion_call(body: Any, bounds: Bounds = Bounds()) -> Call:
     """/v1/completions. A prompt alone is sent as written (control tokens in it
     count, as on vLLM), so editors that render their own FIM template work;
     with `suffix` the server renders the model's fill-in-the-middle format."""
@@ -188,28 +231,31 @@ def completion_call(body: Any) -> Call:
         req.raw_prompt = True
     else:
         _set(lambda v: setattr(req, "suffix", v), suffix, "suffix")
-    _sampling(p, req, "max_tokens")
+    _sampling(p, req, "max_tokens", bounds)
     stream, include_usage = _stream_options(p)
     return Call(req, chat=False, stream=stream, include_usage=include_usage, names={"prefix": "prompt"})
 
 
-def _message_text(content: Any, i: int) -> str:
-    """A message's text: a string, or text parts (what newer clients send)."""
+def _message_text(content: Any, i: int, parts_left: int, limit: int) -> str:
+    """A message's text: a string, or text parts (what newer clients send);
+    at most ``parts_left`` of them (of ``limit`` in the whole request)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
+        if len(content) > parts_left:
+            raise bad(f"messages[{i}].content", f"{len(content)} parts; all messages together hold at most limits.max_prompt_tokens = {limit} parts")
         texts = []
         for part in content:
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 raise bad(f"messages[{i}].content", "only text parts are supported")
             texts.append(part["text"])
         return "".join(texts)
-    raise bad(f"messages[{i}].content", "expected a string or a list of text parts")
+    raise bad(f"messages[{i}].content", f"expected a string or a list of text parts, got {preview(content)}")
 
 
-def chat_call(body: Any) -> Call:
+def chat_call(body: Any, bounds: Bounds = Bounds()) -> Call:
     """/v1/chat/completions: messages rendered as ChatML, sent as a raw prompt."""
     p = Params(body)
     p.unsupported("n", (None, 1), "; send one request per completion")
@@ -222,23 +268,29 @@ def chat_call(body: Any) -> Call:
     p.unsupported("tool_choice", (None, "none", "auto"))
     fmt = p.get("response_format", (dict,), "an object")
     if fmt is not None and fmt.get("type", "text") != "text":
-        raise bad("response_format", f"{json.dumps(fmt.get('type'))} is not supported; only text")
+        raise bad("response_format", f"{preview(fmt.get('type'))} is not supported; only text")
     messages = p.get("messages", (list,), "a list of messages")
     if not messages:
         raise bad("messages", "at least one message is required")
+    if len(messages) > bounds.max_prompt_tokens:
+        raise bad("messages", f"{len(messages)} messages; each takes at least one token of limits.max_prompt_tokens = {bounds.max_prompt_tokens}")
     turns = []
+    parts_left = bounds.max_prompt_tokens
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise bad(f"messages[{i}]", "expected an object with role and content")
-        role = CHAT_ROLES.get(m.get("role"))
+            raise bad(f"messages[{i}]", f"expected an object with role and content, got {preview(m)}")
+        role_name = m.get("role")
+        role = CHAT_ROLES.get(role_name) if isinstance(role_name, str) else None  # a list is unhashable
         if role is None:
-            raise bad(f"messages[{i}].role", f"{json.dumps(m.get('role'))} is not supported; use {', '.join(CHAT_ROLES)}")
-        turns.append((role, _message_text(m.get("content"), i)))
+            raise bad(f"messages[{i}].role", f"{preview(role_name)} is not supported; use {', '.join(CHAT_ROLES)}")
+        content = m.get("content")
+        turns.append((role, _message_text(content, i, parts_left, bounds.max_prompt_tokens)))
+        parts_left -= len(content) if isinstance(content, list) else 0
     req = pb.CompleteRequest(latency_class=pb.LATENCY_CLASS_CHAT, raw_prompt=True)
     _set(lambda v: setattr(req, "prefix", v), render_chat(turns), "messages")
     # The newer name wins, as on OpenAI.
     max_name = "max_completion_tokens" if p.data.get("max_completion_tokens") is not None else "max_tokens"
-    _sampling(p, req, max_name)
+    _sampling(p, req, max_name, bounds)
     stream, include_usage = _stream_options(p)
     return Call(req, chat=True, stream=stream, include_usage=include_usage, names={"prefix": "messages", "max_tokens": max_name})
 

@@ -7,16 +7,17 @@ connection; tests drive these objects directly.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from typing import Any, AsyncIterator, Callable, Mapping
 
+from quickdraft.server.admission import ANONYMOUS, Client
 from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.errors import RequestError
 from quickdraft.server.frontend import Auth, http_peer_host
-from quickdraft.server.openai.protocol import REQUEST_ID_HEADER, SSE_DONE, ApiError, Call, Reply, sse
+from quickdraft.server.openai.json_body import parse_body
+from quickdraft.server.openai.protocol import REQUEST_ID_HEADER, SSE_DONE, ApiError, Bounds, Call, Reply, bad, preview, sse
 from quickdraft.server.request_validation import MAX_REQUEST_ID
 from quickdraft.server.service import CompletionService
 from quickdraft.v1 import completion_pb2 as pb
@@ -38,20 +39,20 @@ class Completion:
 
     _END = object()
 
-    def __init__(self, service: CompletionService, reply: Reply, client: str, headers: Mapping[str, str]):
+    def __init__(self, service: CompletionService, reply: Reply, client: Client, headers: Mapping[str, str]):
         self.reply = reply
         self.queue: asyncio.Queue = asyncio.Queue()  # unbounded: the pump never waits on us
         req = reply.call.req
         self.task = asyncio.create_task(self._pump(service, req, client, headers), name=f"http-completion-{req.request_id}")
 
-    async def _pump(self, service: CompletionService, req: pb.CompleteRequest, client: str, headers: Mapping[str, str]) -> None:
+    async def _pump(self, service: CompletionService, req: pb.CompleteRequest, client: Client, headers: Mapping[str, str]) -> None:
         try:
             async for msg in service.complete(req, client, headers):
                 self.queue.put_nowait(msg)
         except RequestError as e:
             self.queue.put_nowait(ApiError.from_request_error(e, self.reply.call.names))
         except Exception as e:  # noqa: BLE001 - reported to the client as a server error
-            log.exception("completion %s failed", req.request_id)
+            log.exception("completion %s of user=%s failed", req.request_id, client.user)
             self.queue.put_nowait(ApiError(500, f"generation failed: {type(e).__name__}", None, "INTERNAL"))
         self.queue.put_nowait(self._END)
 
@@ -102,10 +103,19 @@ class OpenAIServing:
         self.created = int(time.time())
         # Generous: JSON escapes inflate text; the service checks the exact limit.
         self.max_body = 8 * cfg.limits.max_request_bytes + 65536
+        self.bounds = Bounds(cfg.limits.max_stop_sequences, cfg.max_prompt_tokens())
 
     def authorize(self, headers: Mapping[str, str]) -> None:
         if not self.auth.allows(headers.get(AUTHORIZATION_KEY, "")):
             raise ApiError(401, UNAUTHENTICATED, None, "UNAUTHENTICATED")
+
+    def check_content_type(self, value: str | None) -> None:
+        """Only JSON bodies: a web page can POST text/plain or a form to a local
+        server without the browser asking first, never application/json."""
+        media = (value or "").split(";", 1)[0].strip().lower()
+        if media != "application/json":
+            got = "none" if value is None else preview(value)
+            raise ApiError(415, f"Content-Type: expected application/json, got {got}", "Content-Type")
 
     def body_too_large(self, size: int | None) -> ApiError:
         """The 413 for a body of ``size`` bytes (None: still arriving, already over the limit)."""
@@ -114,41 +124,50 @@ class OpenAIServing:
             return ApiError(413, f"request body is over {self.max_body} bytes {limit}")
         return ApiError(413, f"request body is {size} bytes; the limit is {self.max_body} {limit}")
 
-    def refused(self, e: ApiError) -> ApiError:
+    def identify(self, headers: Mapping[str, str], host: str | None) -> Client:
+        """Who sends a request, as gRPC's front end names its callers: a
+        tokens-file user by its id, anyone else by the connection's host.
+        ``host`` is the socket's peer; uvicorn replaces it with the
+        X-Forwarded-For client only when the peer is in http.trusted_proxies."""
+        return self.auth.client(headers.get(AUTHORIZATION_KEY, ""), http_peer_host(host))
+
+    def refused(self, e: ApiError, client: Client | None = None) -> ApiError:
         """Count a request refused before it reached the service, with the service's refusals."""
-        self.service.refused(e.code)
+        self.service.refused(e.code, user=client.user if client else ANONYMOUS)
         return e
 
-    def parse(self, data: bytes, translate: Callable[[Any], Call], request_id: str | None) -> Call:
-        """A request body -> the CompleteRequest to run. ``translate`` is the
-        endpoint's (``protocol.completion_call`` or ``chat_call``); ``request_id``
-        the X-Request-Id header. Raises ApiError."""
-        try:
-            body = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ApiError(400, f"request body is not valid JSON: {e}") from None
+    def parse(self, data: bytes, translate: Callable[[Any, Bounds], Call], request_id: str | None) -> Call:
+        """A request body (size already checked) -> the CompleteRequest to run.
+        ``translate`` is the endpoint's (``protocol.completion_call`` or
+        ``chat_call``); ``request_id`` the X-Request-Id header. Raises ApiError."""
+        body = parse_body(data, self.bounds.max_json_values)
         model = body.get("model") if isinstance(body, dict) else None
+        if model is not None and not isinstance(model, str):
+            raise bad("model", f"expected a string, got {preview(model)}")
         if model is not None and model != self.model:
-            raise ApiError(404, f"model: the model `{model}` does not exist; this server serves `{self.model}` (GET /v1/models)", "model", "NOT_FOUND")
-        call = translate(body)
+            raise ApiError(404, f"model: the model {preview(model, 80)} does not exist; this server serves `{self.model}` (GET /v1/models)", "model", "NOT_FOUND")
+        call = translate(body, self.bounds)
         request_id = request_id or uuid.uuid4().hex
         if len(request_id) > MAX_REQUEST_ID:
             raise ApiError(400, f"{REQUEST_ID_HEADER} is {len(request_id)} characters; at most {MAX_REQUEST_ID}")
         call.req.request_id = request_id
         return call
 
-    def start(self, call: Call, headers: Mapping[str, str], host: str | None) -> Completion:
-        """Run ``call`` on the service for the client at ``host`` (the connection's peer)."""
-        client = self.auth.client_identity(headers.get(AUTHORIZATION_KEY, ""), http_peer_host(host))
+    def start(self, call: Call, headers: Mapping[str, str], client: Client) -> Completion:
+        """Run ``call`` on the service for ``client`` (``identify``): admission
+        counts it against that user's (or host's) stream limit, and logs and
+        metrics name its user, as for gRPC."""
         return Completion(self.service, Reply(call, call.req.request_id, self.model), client, headers)
 
     def models(self) -> dict:
+        # "root" is the name too, never cfg.target_path(): a filesystem path tells
+        # any client the server's directory layout (and user name).
         card = {
             "id": self.model,
             "object": "model",
             "created": self.created,
             "owned_by": "quickdraft",
-            "root": self.cfg.target_path(),
+            "root": self.model,
             "max_model_len": self.cfg.max_model_len(),
         }
         return {"object": "list", "data": [card]}

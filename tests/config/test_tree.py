@@ -49,7 +49,9 @@ def sample(setting: Setting) -> Any:
     if origin is dict:
         return {k: v * 1.01 for k, v in default.items()} if default else {"enable_prefix_caching": True}
     if origin is list:
-        return [(1, 2, 3), (3, 16, 1)] if typing.get_origin(args[0]) is tuple else [0.5, 0.25]
+        if typing.get_origin(args[0]) is tuple:
+            return [(1, 2, 3), (3, 16, 1)]
+        return ["10.0.0.1", "10.0.0.0/8"] if args[0] is str else [0.5, 0.25]
     raise AssertionError(f"{setting.path}: no sample for {hint}; teach sample() the new type")
 
 

@@ -5,7 +5,7 @@ and source code kept out of logs, spans and metric labels on error paths.
 Auth, TLS and limits run on real ``QuickdraftServer``s (interceptor,
 credentials, admission and servicer as in production) with a fake engine that
 streams one token per 20 ms, so they need no vLLM engine start. Certificates
-are made at test time with ``cryptography``. The source-code test runs on the
+are made at test time with ``cryptography`` (declared in the test extra). The source-code test runs on the
 shared real server (marked ``engine``).
 """
 
@@ -170,7 +170,7 @@ def _cert(subject: str, key, issuer_name: str, issuer_key, *, ca: bool = False, 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     """A throwaway CA with a server and a client certificate, and a rogue CA with its own client."""
-    ec = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ec")
+    from cryptography.hazmat.primitives.asymmetric import ec  # a test dependency (pyproject's test extra): never a skip
     d = tmp_path_factory.mktemp("pki")
     out = {}
     for ca_name in ("ca", "rogue"):
@@ -394,6 +394,129 @@ def test_made_up_tokens_do_not_escape_the_per_client_limit(plain_server):
     assert wait_until(lambda: plain_server.server.service.admission.open == 0, timeout=10)
 
 
+# --- health Watch: behind the token, and bounded ---------------------------------------------
+
+
+def test_health_watch_needs_the_token_and_is_bounded(pki):
+    cfg = fake_config(
+        security__tls_cert_file=str(pki["dir"] / "server_cert.pem"),
+        security__tls_key_file=str(pki["dir"] / "server_key.pem"),
+        limits__max_health_watchers=2,
+    )
+    mp = pytest.MonkeyPatch()
+    mp.setenv("QUICKDRAFT_AUTH_TOKEN", TOKEN)
+    try:
+        s = FakeServer(cfg)
+    finally:
+        mp.undo()
+    try:
+        with grpc.secure_channel(f"127.0.0.1:{s.port}", grpc.ssl_channel_credentials(pki["ca"])) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            req = health_pb2.HealthCheckRequest(service=SERVICE)
+            assert stub.Check(req, timeout=10).status == health_pb2.HealthCheckResponse.SERVING  # Check stays open
+            with pytest.raises(grpc.RpcError) as err:
+                next(stub.Watch(req, timeout=10))
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            md = [("authorization", f"Bearer {TOKEN}")]
+            watches = [stub.Watch(req, timeout=30, metadata=md) for _ in range(2)]
+            for w in watches:
+                assert next(w).status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as err:
+                next(stub.Watch(req, timeout=10, metadata=md))
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "limits.max_health_watchers (2)" in err.value.details()
+            watches[0].cancel()
+            assert wait_until(lambda: s.server.grpc.health.watchers == 1, timeout=10)
+            third = stub.Watch(req, timeout=30, metadata=md)
+            assert next(third).status == health_pb2.HealthCheckResponse.SERVING
+            third.cancel()
+            watches[1].cancel()
+    finally:
+        s.stop()
+
+
+# --- a token per user -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def users_server(tmp_path_factory):
+    from quickdraft.server.auth import TokensFile
+
+    tf = TokensFile()
+    tokens = {"alice": tf.add("alice", max_streams=2), "bob": tf.add("bob"), "ops": tf.add("ops", admin=True)}
+    path = tmp_path_factory.mktemp("users") / "tokens.toml"
+    tf.write(path)
+    s = FakeServer(fake_config(security__auth_tokens_file=str(path), limits__max_streams_per_client=3))
+    s.tokens, s.path = tokens, path
+    yield s
+    s.stop()
+
+
+def test_each_user_has_its_own_quota_and_is_named_in_logs_never_by_token(users_server, caplog):
+    port, tokens = users_server.port, users_server.tokens
+    seen = []
+    users_server.server.service.observers.callbacks.append(lambda record, spec: seen.append(record.user))
+    alice = CompletionClient(f"127.0.0.1:{port}", token=tokens["alice"], timeout=30, retry=NO_RETRY)
+    bob = CompletionClient(f"127.0.0.1:{port}", token=tokens["bob"], timeout=30, retry=NO_RETRY)
+    try:
+        streams = [alice.complete(prefix="x", max_tokens=500) for _ in range(2)]
+        for st in streams:
+            next(iter(st))
+        with pytest.raises(grpc.RpcError) as err:
+            alice.complete_text(prefix="x", max_tokens=1)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "this user's max_streams (2)" in err.value.details()
+        # The same machine, another user: a quota of its own (a shared token used to share one).
+        with caplog.at_level("INFO", logger="quickdraft.requests"):
+            assert bob.complete_text(prefix="x", max_tokens=2).text == "xx"
+        for st in streams:
+            st.cancel()
+    finally:
+        alice.close()
+        bob.close()
+    assert "bob" in seen
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "user=bob" in logged and tokens["bob"] not in logged
+    assert wait_until(lambda: users_server.server.service.admission.open == 0, timeout=10)
+
+
+def test_an_unknown_token_is_unauthenticated_and_a_reload_lets_a_new_user_in(users_server):
+    from quickdraft.server.auth import TokensFile
+
+    tf = TokensFile.read(users_server.path)
+    dave = tf.add("dave")
+    with CompletionClient(f"127.0.0.1:{users_server.port}", token=dave, timeout=10, retry=NO_RETRY) as c:
+        assert code_of(c.server_info) == grpc.StatusCode.UNAUTHENTICATED
+        tf.write(users_server.path)
+        users_server.server.reload_users()  # what SIGHUP calls
+        assert c.server_info().preset == "embedded"
+
+
+def test_pinning_the_config_needs_an_admin_user(users_server):
+    with CompletionClient(f"127.0.0.1:{users_server.port}", token=users_server.tokens["bob"], timeout=10, retry=NO_RETRY) as c:
+        with pytest.raises(grpc.RpcError) as err:
+            c.pin_speculation("off")
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and "admin" in err.value.details()
+    with CompletionClient(f"127.0.0.1:{users_server.port}", token=users_server.tokens["ops"], timeout=10, retry=NO_RETRY) as c:
+        assert c.pin_speculation("").applied == "released"
+
+
+def test_server_info_names_no_local_path(users_server):
+    with CompletionClient(f"127.0.0.1:{users_server.port}", token=users_server.tokens["bob"], timeout=10, retry=NO_RETRY) as c:
+        info = c.server_info()
+    assert not info.model.startswith("/") and str(Path.home()) not in info.model and "/work/" not in info.model, info.model
+
+
+def test_a_bad_tls_key_is_reported_as_such_not_as_a_port_in_use(pki):
+    from quickdraft.server.app import QuickdraftServer
+
+    cfg = fake_config()
+    cfg.security.tls_cert_file = str(pki["dir"] / "server_cert.pem")
+    cfg.security.tls_key_file = str(pki["dir"] / "rogue_client_key.pem")  # another key
+    server = QuickdraftServer(cfg, engine_factory=FakeEngine.start)
+    with pytest.raises(ConfigError) as err:
+        asyncio.run(server.grpc.start())
+    assert "tls_key_file" in str(err.value) and "port" not in str(err.value)
+
+
 # --- binding and secrets on the command line -------------------------------------------------
 
 
@@ -404,7 +527,14 @@ def test_non_loopback_bind_needs_allow_remote(setting, host):
     with pytest.raises(ConfigError) as err:
         cfg.validate(check_files=False, check_vllm=False)
     assert "server.allow_remote" in str(err.value) and setting in str(err.value)
-    load_config(env={}, overrides={setting: host, "server.allow_remote": "true"}).validate(check_files=False, check_vllm=False)
+    remote = {setting: host, "server.allow_remote": "true", "http.enabled": "true"}
+    if setting == "telemetry.metrics_host":  # metrics carry no code or tokens
+        load_config(env={}, overrides=remote).validate(check_files=False, check_vllm=False)
+        return
+    with pytest.raises(ConfigError) as err:  # code and tokens would cross the network in the clear
+        load_config(env={}, overrides=remote).validate(check_files=False, check_vllm=False)
+    assert setting in str(err.value) and "security.allow_insecure_remote" in str(err.value)
+    load_config(env={}, overrides={**remote, "security.allow_insecure_remote": "true"}).validate(check_files=False, check_vllm=False)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])

@@ -147,7 +147,8 @@ def test_bad_input_is_named_and_server_keeps_serving(client, fields, code, fragm
 
 def test_too_long_prompt_says_its_token_count_in_trailing_metadata(server, client):
     with pytest.raises(grpc.RpcError) as err:
-        client.complete_text(prefix="x = 1\n" * 2000)
+        # About one token per character: over max_prompt_tokens, under max_prompt_chars.
+        client.complete_text(prefix="1," * server.cfg.max_prompt_tokens())
     trailers = dict(err.value.trailing_metadata() or ())
     assert int(trailers["quickdraft-prompt-limit"]) == server.cfg.max_prompt_tokens()
     assert int(trailers["quickdraft-prompt-tokens"]) > int(trailers["quickdraft-prompt-limit"])

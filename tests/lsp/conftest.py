@@ -41,6 +41,7 @@ class FakeCompletion(CompletionServicer):
         self.block = 0  # the next this-many Complete calls wait until the client cancels
         self.hang_after_deltas = False  # send the deltas, then wait until the client cancels
         self.requests: list[pb.CompleteRequest] = []
+        self.metadata: list[dict[str, str]] = []  # call metadata, per Complete call
         # A stand-in tokenizer: prompt tokens = prompt bytes / this; over the limit is refused as the real server does.
         self.bytes_per_token = 4.0
         self.max_prompt_tokens = 1 << 30
@@ -66,6 +67,7 @@ class FakeCompletion(CompletionServicer):
 
     async def Complete(self, request, context):
         self.requests.append(request)
+        self.metadata.append(dict(context.invocation_metadata()))
         await self._bump()
         size = len(request.prefix.encode()) + len(request.suffix.encode()) + sum(len(f.path) + len(f.content.encode()) + 16 for f in request.context_files)
         tokens = max(1, round(size / self.bytes_per_token))
@@ -170,6 +172,12 @@ class StatusLog:
         async with self._changed:
             await self._changed.wait_for(lambda: state in self.states)
 
+    async def first(self) -> str:
+        """The first state the bridge reported (waits for one)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.states)
+        return self.states[0]
+
 
 class Editor:
     """An editor's view: documents it holds and the requests it sends."""
@@ -231,6 +239,7 @@ class Editor:
 def client_capabilities(encodings: list[str] | None, inline: bool = True) -> types.ClientCapabilities:
     return types.ClientCapabilities(
         general=types.GeneralClientCapabilities(position_encodings=encodings) if encodings is not None else None,
+        workspace=types.WorkspaceClientCapabilities(configuration=True),
         text_document=types.TextDocumentClientCapabilities(
             inline_completion=types.InlineCompletionClientCapabilities() if inline else None,
             completion=types.CompletionClientCapabilities(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from quickdraft.client import build_request
-from quickdraft.lsp_bridge.backend import DOWN, UP, Backend, BackendConfig, Outcome
+from quickdraft.lsp_bridge.backend import DOWN, REFUSED, UP, Backend, BackendConfig, Outcome
 from quickdraft.lsp_bridge.completer import Completer
 from quickdraft.lsp_bridge.context import Budget, ContextEngine
 from quickdraft.lsp_bridge.settings import Settings
@@ -175,3 +175,20 @@ async def test_a_prompt_refused_as_too_long_is_rebuilt_smaller_once(fake_server)
     assert len(fake.requests) == 2 and fake.refused == 1
     first, second = (len(r.prefix) + len(r.suffix) for r in fake.requests)
     assert second < first and second / 1.5 <= 600
+
+
+async def test_a_plaintext_token_to_a_remote_host_is_refused_then_fixed(fake_server):
+    states = States()
+    remote = BackendConfig(address="192.0.2.1:50051", token="s3cret")  # TEST-NET: never contacted
+    backend = Backend(remote, on_state=states)
+    backend.start()
+    assert backend.state == REFUSED and not backend.available
+    assert "192.0.2.1" in backend.error and "TLS" in backend.error and "s3cret" not in backend.error
+    assert await backend.complete(build_request(prefix="x"), lambda t: False) is Outcome.FAILED
+    # A corrected configuration (here: loopback) brings it back without a restart.
+    await backend.reconfigure(BackendConfig(address=fake_server.address, token="s3cret"))
+    await states.wait_for(UP)
+    assert backend.error is None
+    assert await backend.complete(build_request(prefix="x"), lambda t: False) is Outcome.ANSWERED
+    assert fake_server.fake.metadata[-1]["authorization"] == "Bearer s3cret"
+    await backend.close()

@@ -1,66 +1,72 @@
 // quickdraft for VS Code: starts `quickdraft lsp` and lets vscode-languageclient
-// turn its textDocument/inlineCompletion answers into ghost text.
+// turn its textDocument/inlineCompletion answers into ghost text. What to start
+// and with which settings is decided in settings.ts.
 
 import * as vscode from 'vscode';
 import {
+  DidChangeConfigurationNotification,
   LanguageClient,
   LanguageClientOptions,
   ServerOptions,
-  TransportKind,
 } from 'vscode-languageclient/node';
+import { MACHINE_SETTINGS, launch, workspaceSettings } from './settings';
 
 const SECTION = 'quickdraft';
 let client: LanguageClient | undefined;
 let status: vscode.StatusBarItem | undefined;
 
-// Settings the language server reads (camelCase keys, as in package.json).
-const SERVER_SETTINGS = [
-  'enabled', 'server', 'authTokenFile', 'tls', 'tlsRootCertFile', 'debounceMs', 'maxTokens',
-  'singleLineMaxTokens', 'enableInComments', 'enableInStrings', 'maxFileBytes', 'repositoryContext',
-  'blankLineFromLineStart', 'disabledLanguages',
-];
-
-function serverSettings(): Record<string, unknown> {
-  const config = vscode.workspace.getConfiguration(SECTION);
-  const settings: Record<string, unknown> = {};
-  for (const key of SERVER_SETTINGS) {
-    settings[key] = config.get(key);
-  }
-  return settings;
-}
-
-function showState(state: string, server: string): void {
+function showState(params: { state: string; server: string; error?: string }): void {
   if (!status) {
     return;
   }
-  const up = state === 'up';
-  status.text = up ? '$(sparkle) quickdraft' : '$(warning) quickdraft';
-  status.tooltip = up ? `quickdraft: connected to ${server}` : `quickdraft: server ${server} is ${state}`;
+  const up = params.state === 'up';
+  status.text = up ? '$(sparkle) quickdraft' : params.error ? '$(error) quickdraft' : '$(warning) quickdraft';
+  status.tooltip = up
+    ? `quickdraft: connected to ${params.server}`
+    : params.error ?? `quickdraft: server ${params.server} is ${params.state}`;
+  status.command = 'quickdraft.showLog';
   status.show();
 }
 
-async function start(output: vscode.LogOutputChannel): Promise<void> {
-  const config = vscode.workspace.getConfiguration(SECTION);
-  const command = config.get<string>('command', 'quickdraft');
-  const server = config.get<string>('server', '127.0.0.1:50051');
-  const serverOptions: ServerOptions = {
-    command,
-    args: ['lsp', '--server', server],
-    transport: TransportKind.stdio,
-  };
+async function start(context: vscode.ExtensionContext, output: vscode.LogOutputChannel): Promise<void> {
+  const plan = launch(vscode.workspace.getConfiguration(SECTION), vscode.workspace.isTrusted, context.extensionUri.fsPath);
+  if (plan.kind === 'restricted') {
+    output.info(plan.reason);
+    if (status) {
+      status.text = '$(shield) quickdraft';
+      status.tooltip = plan.reason;
+      status.command = 'workbench.trust.manage';
+      status.show();
+    }
+    return;
+  }
+  // No `transport`: TransportKind.stdio would append `--stdio`, which `quickdraft lsp` refuses; stdio is its default.
+  const serverOptions: ServerOptions = { command: plan.command, args: plan.args, options: { cwd: plan.cwd } };
   const clientOptions: LanguageClientOptions = {
     // Every language: files of unknown languages get a plain prefix/suffix prompt.
     documentSelector: [{ scheme: 'file' }, { scheme: 'untitled' }],
-    initializationOptions: serverSettings(),
-    // Sends workspace/didChangeConfiguration with the `quickdraft` section on changes.
-    synchronize: { configurationSection: SECTION },
+    initializationOptions: plan.initializationOptions,
     outputChannel: output,
   };
   client = new LanguageClient('quickdraft', 'quickdraft', serverOptions, clientOptions);
-  client.onNotification('quickdraft/status', (params: { state: string; server: string }) =>
-    showState(params.state, params.server),
-  );
+  client.onNotification('quickdraft/status', showState);
   await client.start();
+}
+
+async function restart(context: vscode.ExtensionContext, output: vscode.LogOutputChannel): Promise<void> {
+  const old = client;
+  client = undefined;
+  if (old?.isRunning()) {
+    await old.stop(); // stop() throws on a client that failed to start
+  }
+  try {
+    await start(context, output);
+  } catch (err) {
+    output.error(`could not start the language server: ${err}`);
+    void vscode.window.showWarningMessage(
+      'quickdraft: could not start `quickdraft lsp`. Check the quickdraft.command setting (user settings).',
+    );
+  }
 }
 
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
@@ -71,27 +77,20 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
 
   context.subscriptions.push(
     vscode.commands.registerCommand('quickdraft.showLog', () => output.show()),
-    vscode.commands.registerCommand('quickdraft.restart', async () => {
-      await client?.stop();
-      await start(output);
-    }),
+    vscode.commands.registerCommand('quickdraft.restart', () => restart(context, output)),
+    vscode.workspace.onDidGrantWorkspaceTrust(() => restart(context, output)),
     vscode.workspace.onDidChangeConfiguration(async (event) => {
-      // The executable is only read at start; everything else flows to the server.
-      if (event.affectsConfiguration(`${SECTION}.command`)) {
-        await client?.stop();
-        await start(output);
+      if (MACHINE_SETTINGS.some((key) => event.affectsConfiguration(`${SECTION}.${key}`))) {
+        // The language server takes these only at start (it ignores them later).
+        await restart(context, output);
+      } else if (event.affectsConfiguration(SECTION) && client?.isRunning()) {
+        const settings = workspaceSettings(vscode.workspace.getConfiguration(SECTION));
+        await client.sendNotification(DidChangeConfigurationNotification.type, { settings: { [SECTION]: settings } });
       }
     }),
   );
 
-  try {
-    await start(output);
-  } catch (err) {
-    output.appendLine(`quickdraft: could not start the language server: ${err}`);
-    void vscode.window.showWarningMessage(
-      'quickdraft: could not start `quickdraft lsp`. Check the quickdraft.command setting.',
-    );
-  }
+  await restart(context, output);
 }
 
 export async function deactivate(): Promise<void> {

@@ -7,6 +7,8 @@
 # 2. bench live-switch: P-EAGLE K=5 on the live engine against an engine
 #    built for it alone (what a pinned static costs), and switch latency
 #    under load.
+# PHASES_ARGS: more `bench phases` arguments (e.g. --configs p5,controller
+# --rounds 2 --statics-from FILE); LIVE=0 skips step 2.
 # Results land flat in $OUT_DIR (device.sh wait copies files, not folders).
 set -uo pipefail
 : "${CONFIG:?}" "${OUT_DIR:?}"
@@ -14,9 +16,10 @@ PHASE_S=${PHASE_S:-20}
 CTL_WARMUP=${CTL_WARMUP:-45}
 rc=0
 python3 -P -m quickdraft bench phases --one-server --config "$CONFIG" --phase-seconds "$PHASE_S" --settle-seconds 10 \
-    --controller-warmup "$CTL_WARMUP" --out "$OUT_DIR/phases" --no-progress || rc=1
+    --controller-warmup "$CTL_WARMUP" --out "$OUT_DIR/phases" --no-progress ${PHASES_ARGS:-} || rc=1
 for f in phases.json phases.md phases.png; do cp "$OUT_DIR/phases/$f" "$OUT_DIR/h200-$f" 2>/dev/null; done
 cp "$OUT_DIR/phases/logs/one-server.server.log" "$OUT_DIR/h200-phases-server.log" 2>/dev/null
+[ "${LIVE:-1}" = 0 ] && exit $rc
 python3 -P -m quickdraft bench live-switch --config "$CONFIG" --configs "${LIVE_CONFIGS:-parallel K=5,autoregressive K=5,parallel K=3}" \
     --concurrency 1,8 --requests 16 --rounds ${LIVE_ROUNDS:-2} --switches ${SWITCHES:-300} --static "parallel K=5" \
     --json "$OUT_DIR/h200-live-switch.json" || rc=1
