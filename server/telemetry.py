@@ -16,6 +16,7 @@ from typing import Mapping
 
 from opentelemetry.propagate import extract
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -49,7 +50,8 @@ class RequestRecord:
 
 
 class Telemetry:
-    def __init__(self, model_name: str, metrics_port: int = 0, metrics_host: str = "127.0.0.1", otlp_endpoint: str | None = None, span_exporter: SpanExporter | None = None):
+    def __init__(self, model_name: str, metrics_port: int = 0, metrics_host: str = "127.0.0.1", otlp_endpoint: str | None = None, span_exporter: SpanExporter | None = None,
+                 metric_reader: MetricReader | None = None):
         resource = Resource.create({"service.name": "quickdraft", "service.version": __version__})
         readers = []
         self.metrics_port = 0
@@ -62,6 +64,8 @@ class Telemetry:
             self.metrics_port = server.server_port
             self._http = server
             log.info("metrics on http://%s:%d/metrics", metrics_host, self.metrics_port)
+        if metric_reader is not None:  # e.g. an InMemoryMetricReader in tests
+            readers.append(metric_reader)
         views = [
             View(instrument_name="gen_ai.server.*", aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS)),
             View(instrument_name="gen_ai.client.token.usage", aggregation=ExplicitBucketHistogramAggregation(TOKEN_BUCKETS)),
@@ -74,6 +78,8 @@ class Telemetry:
         self.duration = meter.create_histogram("gen_ai.server.request.duration", unit="s", description="Request duration, arrival to last token")
         self.tokens = meter.create_histogram("gen_ai.client.token.usage", unit="{token}", description="Input and output tokens per request")
         self.requests = meter.create_counter("quickdraft.requests", unit="{request}", description="Finished requests by outcome")
+        self.wasted = meter.create_counter("quickdraft.tokens.wasted", unit="{token}",
+                                           description="Output tokens generated for requests cancelled before they finished: engine work nobody used")
         self.rejected = meter.create_counter("quickdraft.requests.rejected", unit="{request}", description="Requests refused before reaching the engine, by status code")
         self.drafts = meter.create_counter("quickdraft.speculative.drafts", unit="{step}", description="Verification steps with drafts")
         self.accepted = meter.create_counter("quickdraft.speculative.accepted_tokens", unit="{token}", description="Accepted draft tokens by draft position (1-based)")
@@ -101,6 +107,9 @@ class Telemetry:
         self.tokens.record(r.completion_tokens, {**attrs, "gen_ai.token.type": "output"})
         # The user only on counters: per-user histograms would multiply the series by the team's size.
         self.requests.add(1, {**attrs, "quickdraft.finish": r.finish, "enduser.id": r.user})
+        if r.finish == "cancelled" and r.completion_tokens:
+            # Editors cancel most requests as the user types on; this is what that costs the engine.
+            self.wasted.add(r.completion_tokens, attrs)
         if r.num_drafts:
             self.drafts.add(r.num_drafts, attrs)
             for pos, n in enumerate(r.accepted_per_position, start=1):

@@ -486,3 +486,55 @@ def test_shutdown_counts_unfinished_requests_the_way_vllm_0_24_allows():
     assert not hasattr(AsyncLLM024(0), "get_num_unfinished_requests")
     assert _num_unfinished(AsyncLLM024(3)) == 3
     _stop_output_handler(AsyncLLM024(0))  # no task: nothing to cancel, and no AttributeError
+
+
+def _metric_points(reader, name: str) -> list:
+    data = reader.get_metrics_data()
+    return [p for rm in (data.resource_metrics if data else []) for sm in rm.scope_metrics
+            for m in sm.metrics if m.name == name for p in m.data.data_points]
+
+
+def test_tokens_generated_for_a_cancelled_request_are_counted_as_wasted():
+    """quickdraft.tokens.wasted: the output tokens a request had when its
+    client cancelled it, labelled by latency class and config; a request that
+    finishes adds nothing."""
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+
+    async def run():
+        eng = FakeEngine(SpecConfig(True, 5), delay=0.02, steps=[("a", 1)] * 200)
+
+        async def factory(cfg, mode, live=False):
+            return eng
+
+        cfg = load_config(env={})
+        manager = EngineManager(cfg, engine_factory=factory)
+        service = CompletionService(cfg, manager, Telemetry("embedded", metric_reader=reader))
+        await manager.start(eng.spec)
+        eng.steps = [("a", 1)] * 3
+        await collect(service, pb.CompleteRequest(prefix="x"))  # finishes: nothing wasted
+        assert _metric_points(reader, "quickdraft.tokens.wasted") == []
+        eng.steps = [("a", 1)] * 200
+        seen = 0
+
+        async def consume():
+            nonlocal seen
+            async for m in service.complete(pb.CompleteRequest(prefix="x"), "c"):
+                seen += len(m.text)
+
+        task = asyncio.create_task(consume())
+        while seen < 5:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await manager.stop()
+        return seen
+
+    seen = asyncio.run(run())
+    points = _metric_points(reader, "quickdraft.tokens.wasted")
+    assert len(points) == 1
+    assert points[0].value >= seen >= 5  # every token streamed before the cancel, one "a" each
+    assert points[0].attributes["quickdraft.latency_class"] == "inline"
+    assert points[0].attributes["quickdraft.speculative.config"] == "parallel K=5"
