@@ -69,10 +69,10 @@ DRAIN_BEFORE_REBUILD_S = 60.0
 """Where the old engine must go before a new one starts: how long its streams may finish first."""
 
 CRASH_LOOP_WINDOW_S = 300.0
+"""An engine that dies within this long of its start counts towards a crash loop."""
 RESTART_BACKOFF_S = (2.0, 4.0, 8.0)
 """Pause after each failed restart attempt; after the last, the manager gives
 up (FAILED) and `quickdraft serve` exits 1 for its supervisor to restart it."""
-"""An engine that dies within this long of its start counts towards a crash loop."""
 
 
 def fallback_spec(crashed: SpecConfig, configured: SpecConfig) -> SpecConfig:

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from quickdraft.server.config import QuickdraftConfig
-from quickdraft.server.config.validation import check_tls_pair
+from quickdraft.server.config.validation import check_tls_files
 from quickdraft.server.errors import RequestError
 from quickdraft.server.frontend import Auth, grpc_peer_host
 from quickdraft.server.pinning import SpeculationPin
@@ -170,7 +170,7 @@ def server_credentials(cfg: QuickdraftConfig) -> grpc.ServerCredentials | None:
     sec = cfg.security
     if not sec.tls_cert_file:
         return None
-    check_tls_pair(sec.tls_cert_file, sec.tls_key_file)  # else gRPC reports only a failed bind
+    check_tls_files(sec)  # else gRPC reports only a failed bind
     key = Path(sec.tls_key_file).expanduser().read_bytes()
     chain = Path(sec.tls_cert_file).expanduser().read_bytes()
     ca = Path(sec.tls_client_ca_file).expanduser().read_bytes() if sec.tls_client_ca_file else None

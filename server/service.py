@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 import uuid
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import AsyncIterator, Callable, Mapping
 
@@ -311,6 +312,7 @@ class CompletionService:
         )
 
 
+@functools.cache  # GetServerInfo runs on the event loop: stat and resolve once per name
 def public_model_name(name: str) -> str:
     """A model as callers may see it: a hub id as it is; a local directory by
     its last two path parts, never the absolute path (it names users and hosts)."""

@@ -23,6 +23,7 @@ from quickdraft.server.speculative import MAX_K, SpecConfig
 if TYPE_CHECKING:
     from quickdraft.server.config import controller as ctl
     from quickdraft.server.config.root import QuickdraftConfig
+    from quickdraft.server.config.security import SecurityConfig
 
 # config.json keys vLLM 0.32 reads for the parallel-drafting slot token
 # (vllm/v1/spec_decode/llm_base_proposer.py: _init_parallel_drafting_params).
@@ -278,14 +279,9 @@ def _check_limits(cfg: QuickdraftConfig) -> None:
 
 def _check_security(cfg: QuickdraftConfig) -> None:
     sec = cfg.security
-    if bool(sec.tls_cert_file) != bool(sec.tls_key_file):
-        raise ConfigError("security.tls_cert_file and security.tls_key_file go together; set both to turn on TLS")
-    if sec.tls_client_ca_file and not sec.tls_cert_file:
-        raise ConfigError("security.tls_client_ca_file (mutual TLS) needs server TLS: set tls_cert_file and tls_key_file")
-    for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_token_file", "auth_tokens_file"):
-        value = getattr(sec, name)
-        if value and not Path(value).expanduser().is_file():
-            raise ConfigError(f"security.{name} = {value!r}: no such file")
+    check_tls_files(sec)
+    for name in ("auth_token_file", "auth_tokens_file"):
+        _readable_file(sec, name)
     if sec.auth_token_file and sec.auth_tokens_file:
         raise ConfigError("security.auth_token_file (one shared token) and security.auth_tokens_file (a token per user) exclude each other; keep one")
     if sec.auth_token_file and not Path(sec.auth_token_file).expanduser().read_text().strip():
@@ -295,9 +291,35 @@ def _check_security(cfg: QuickdraftConfig) -> None:
 
         if not TokensFile.read(sec.auth_tokens_file).users:
             raise ConfigError(f"security.auth_tokens_file {sec.auth_tokens_file!r} has no users; add one with `quickdraft token add USER`")
+    check_remote_exposure(cfg)
+
+
+def _readable_file(sec: SecurityConfig, name: str) -> None:
+    value = getattr(sec, name)
+    path = Path(value).expanduser() if value else None
+    if path is not None and not (path.is_file() and os.access(path, os.R_OK)):
+        raise ConfigError(f"security.{name} = {value!r}: no such file, or not readable by the server's user")
+
+
+def check_tls_files(sec: SecurityConfig) -> None:
+    """The TLS settings go together and their files load: run by validation and
+    again by each listener before it binds, since gRPC and uvicorn report a bad
+    certificate only as a failed bind or a bare ssl.SSLError naming no setting."""
+    if bool(sec.tls_cert_file) != bool(sec.tls_key_file):
+        raise ConfigError("security.tls_cert_file and security.tls_key_file go together; set both to turn on TLS")
+    if sec.tls_client_ca_file and not sec.tls_cert_file:
+        raise ConfigError("security.tls_client_ca_file (mutual TLS) needs server TLS: set tls_cert_file and tls_key_file")
+    for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+        _readable_file(sec, name)
     if sec.tls_cert_file:
         check_tls_pair(sec.tls_cert_file, sec.tls_key_file)
-    check_remote_exposure(cfg)
+    if sec.tls_client_ca_file:
+        import ssl
+
+        try:
+            ssl.create_default_context(cafile=str(Path(sec.tls_client_ca_file).expanduser()))
+        except ssl.SSLError as e:
+            raise ConfigError(f"security.tls_client_ca_file {sec.tls_client_ca_file!r} does not load as PEM CA certificates ({e.reason or e})") from None
 
 
 def check_tls_pair(cert_file: str, key_file: str) -> None:

@@ -6,18 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import ssl
-from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
 
-from quickdraft.server.config import ConfigError, QuickdraftConfig
+from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.config.http import trusted_proxy_networks
-from quickdraft.server.config.security import SecurityConfig
-from quickdraft.server.config.validation import check_tls_pair
+from quickdraft.server.config.validation import check_tls_files
 
 log = logging.getLogger("quickdraft.http")
 
@@ -43,26 +40,6 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _check_tls(sec: SecurityConfig) -> None:
-    """The TLS files load, before binding: uvicorn would fail later, inside its
-    task, with a bare ssl.SSLError ("[SSL] PEM lib") that names no setting."""
-    if not sec.tls_cert_file:
-        return
-    if not sec.tls_key_file:
-        raise ConfigError("security.tls_cert_file and security.tls_key_file go together; set both to turn on TLS")
-    for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
-        value = getattr(sec, name)
-        path = Path(value).expanduser() if value else None
-        if path is not None and not (path.is_file() and os.access(path, os.R_OK)):
-            raise ConfigError(f"security.{name} = {value!r}: no such file, or not readable by the server's user")
-    check_tls_pair(sec.tls_cert_file, sec.tls_key_file)
-    if sec.tls_client_ca_file:
-        try:
-            ssl.create_default_context(cafile=str(Path(sec.tls_client_ca_file).expanduser()))
-        except ssl.SSLError as e:
-            raise ConfigError(f"security.tls_client_ca_file {sec.tls_client_ca_file!r} does not load as PEM CA certificates ({e.reason or e})") from None
-
-
 class HttpServer:
     """Serves ``app`` on cfg.http.host:cfg.http.port (0: a free port, then read
     ``.port``), with the server's TLS settings and shutdown grace."""
@@ -78,7 +55,7 @@ class HttpServer:
         cfg = self.cfg
         # Settings that would fail inside uvicorn are ConfigErrors here, before binding.
         proxies = trusted_proxy_networks(cfg.http)
-        _check_tls(cfg.security)
+        check_tls_files(cfg.security)
         sock = _bind(cfg.http.host, cfg.http.port)
         self.port = sock.getsockname()[1]
         sec = cfg.security
