@@ -23,6 +23,7 @@ from quickdraft.server.controller import (
     Observation,
     run_sweep,
 )
+from quickdraft.server.controller.measured import Window
 from quickdraft.server.speculative import AUTOREGRESSIVE, OFF, PARALLEL, Mode, SpecConfig
 
 ANCHOR_AR_MARGINAL = (0.72, 0.50, 0.33, 0.21, 0.14, 0.09, 0.06)
@@ -322,12 +323,20 @@ class Harness:
     """Drives a controller against a SimulatedEngine on a fake clock: requests
     finish at the rate the load and the engine's speed allow, snapshots come
     every tick, decide() runs every tick, and a switch takes ``rebuild_s``
-    during which the old engine keeps serving."""
+    during which the old engine keeps serving (0: a live switch, in effect
+    from the next tick). While the controller measures (live settings), each
+    tick is also a measurement window: on a SimulatedEngine its step time is
+    the true one times log-normal noise of sigma ``window_noise``, and its
+    acceptance the engine's rates scaled by log-normal noise of sigma
+    ``acceptance_noise`` (the code served in a short window accepts more or
+    less than the average); on a TraceEngine only a decode TPOT, the
+    recorded median times the ``window_noise``."""
 
     def __init__(self, controller: Controller, engine: SimulatedEngine | TraceEngine, clock: FakeClock, *,
                  tick_s: float = 1.0, rebuild_s: float = 15.0, decide_every: int = 1,
                  candidates: Sequence[SpecConfig] | None = None,
-                 on_decision: Callable | None = None) -> None:
+                 on_decision: Callable | None = None, window_noise: float = 0.04, acceptance_noise: float = 0.1,
+                 seed: int = 0) -> None:
         self.ctl = controller
         self.engine = engine
         self.clock = clock
@@ -341,6 +350,9 @@ class Harness:
         self._pending = None
         self._ready_at = 0.0
         self._acc = 0.0
+        self.window_noise = window_noise
+        self.acceptance_noise = acceptance_noise
+        self._rng = random.Random(seed)
 
     def run(self, phases: Sequence[Phase], trace: HarnessTrace | None = None) -> HarnessTrace:
         trace = trace or HarnessTrace()
@@ -350,21 +362,27 @@ class Harness:
                     raise ValueError("only a SimulatedEngine can change acceptance between phases")
                 self.engine.acceptance = ph.acceptance
             end = self.clock.t + ph.duration_s
+            start_load = phases[pi - 1].load if pi else ph.load
             while self.clock.t < end - 1e-9:
                 self.clock.advance(self.tick_s)
                 now = self.clock.t
+                live = self.rebuild_s <= 0
+                if live:
+                    self._apply(now)
                 cfg = self._running.at(ph.load)
                 self._acc += ph.load * self.tick_s / self.engine.request_seconds(cfg, ph.load)
                 n = int(self._acc)
                 self._acc -= n
-                for obs in self.engine.requests(self._running, ph.load, n):
+                served = self.engine.requests(self._running, ph.load, n)
+                for obs in served:
                     self.ctl.observe(obs, now=now)
                 trace.observations += n
                 self.ctl.observe_engine(EngineSnapshot(running=ph.load, kv_cache_usage=ph.kv_cache_usage), now=now)
-                if self._pending is not None and now >= self._ready_at:
-                    d, self._pending = self._pending, None
-                    self._running = d.engine
-                    self.ctl.applied(d, now=now)
+                if self.ctl.measuring:
+                    self.ctl.observe_window(self._window(cfg, ph.load, start_load, served), now=now)
+                    start_load = ph.load
+                if not live:
+                    self._apply(now)
                 self._ticks += 1
                 action, reason = "", ""
                 if self._ticks % self.decide_every == 0:
@@ -379,10 +397,40 @@ class Harness:
                     if self.on_decision is not None:
                         self.on_decision(d)
                 best = min(self.engine.true_tpot(c, ph.load) for c in self.candidates)
-                cfg = self._running.at(ph.load)
+                if not live:
+                    cfg = self._running.at(ph.load)
                 trace.ticks.append(Tick(now, pi, ph.load, cfg, self.engine.true_tpot(cfg, ph.load), best,
                                         action, reason, trace.observations))
+                if live:
+                    self._apply(now)  # a switch within the tick: the next tick runs it
         return trace
+
+    def _window(self, cfg: SpecConfig, load: int, start_load: int, served: list[Observation]) -> Window:
+        rng = self._rng
+        decode_s = 0.9 * load * self.tick_s  # the rest waits for first tokens
+        first = tuple((o.latency_class, o.ttft_s) for o in served)
+        if not isinstance(self.engine, SimulatedEngine):
+            tpot = self.engine.true_tpot(cfg, load) * math.exp(rng.gauss(0.0, self.window_noise))
+            return Window(cfg, self.tick_s, decode_s, max(1, round(decode_s / tpot)), float(load), start_load, load, first)
+        step = self.engine.cost.step(cfg.mode, cfg.k, load) * math.exp(rng.gauss(0.0, self.window_noise))
+        scale = math.exp(rng.gauss(0.0, self.acceptance_noise))
+        rates = self.engine.acceptance.rates(cfg.mode) if cfg.enabled else ()
+        marginal, prod = [], 1.0
+        for i in range(cfg.k if cfg.enabled else 0):
+            prod *= min(0.99, (rates[i] if i < len(rates) else rates[-1]) * scale)
+            marginal.append(prod)
+        steps = max(1, round(self.tick_s / step))
+        drafts = steps * load if cfg.enabled else 0
+        tpot = step / (1.0 + sum(marginal))
+        return Window(cfg, self.tick_s, decode_s, max(1, round(decode_s / tpot)), float(load), start_load, load, first,
+                      busy_seconds=self.tick_s, steps=steps, drafts=drafts,
+                      accepted_per_position=tuple(round(drafts * m) for m in marginal))
+
+    def _apply(self, now: float) -> None:
+        if self._pending is not None and now >= self._ready_at:
+            d, self._pending = self._pending, None
+            self._running = d.engine
+            self.ctl.applied(d, now=now, rebuilt=self.rebuild_s > 0)
 
 
 def calibrated(engine: SimulatedEngine, settings: ControllerSettings | None = None, clock: FakeClock | None = None,

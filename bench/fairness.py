@@ -68,7 +68,8 @@ def _attacker(port: int, token: str, mode: str, max_request_bytes: int, max_prom
     with CompletionClient(f"127.0.0.1:{port}", token=token, timeout=30, retry=RetryPolicy(max_attempts=1)) as c:
         while time.time() < stop_at:
             try:
-                c.complete_text(prefix=prompt, max_tokens=1)
+                # strict: refused as over the budget, never cut to fit and run.
+                c.complete_text(prefix=prompt, max_tokens=1, strict_prompt=True)
                 other += 1
             except grpc.RpcError as e:
                 if e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):

@@ -14,7 +14,7 @@ cancels the RPC, and the server aborts the request inside the engine.
 """
 
 from quickdraft.client.aio import AsyncCompletionClient, AsyncCompletionStream
-from quickdraft.client.request import PlaintextTokenError, RetryPolicy, build_request, is_loopback_target
+from quickdraft.client.request import PlaintextTokenError, RetryPolicy, build_report, build_request, is_loopback_target
 from quickdraft.client.sync import CompletionClient, CompletionResult, CompletionStream
 from quickdraft.v1.completion_pb2 import (
     CompleteFinal,
@@ -22,6 +22,8 @@ from quickdraft.v1.completion_pb2 import (
     CompleteResponse,
     ContextFile,
     LatencyClass,
+    Outcome,
+    OutcomeStats,
     ServerInfo,
 )
 
@@ -36,9 +38,12 @@ __all__ = [
     "CompletionStream",
     "ContextFile",
     "LatencyClass",
+    "Outcome",
+    "OutcomeStats",
     "PlaintextTokenError",
     "RetryPolicy",
     "ServerInfo",
+    "build_report",
     "build_request",
     "is_loopback_target",
 ]

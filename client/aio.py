@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator, Iterable, Mapping
 
 import grpc
 import grpc.aio
 
-from quickdraft.client.request import RetryPolicy, build_request, call_metadata, channel_options, check_token_transport
+from quickdraft.client.request import RetryPolicy, build_report, build_request, call_metadata, channel_options, check_token_transport
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.v1.completion_pb2_grpc import CompletionStub
 
@@ -26,6 +26,11 @@ class AsyncCompletionStream:
         self._call: grpc.aio.UnaryStreamCall | None = None
         self._cancelled = False
         self.final: pb.CompleteFinal | None = None
+
+    @property
+    def prompt_fit(self) -> pb.PromptFit | None:
+        """What the server cut from the prompt to fit its budget; None until the stream has ended."""
+        return None if self.final is None else self.final.prompt_fit
 
     async def __aiter__(self) -> AsyncIterator[str]:
         attempt = 0
@@ -105,6 +110,15 @@ class AsyncCompletionClient:
         return await self._stub.PinSpeculation(
             pb.PinSpeculationRequest(config=config, allow_rebuild=allow_rebuild), timeout=timeout, metadata=self._metadata
         )
+
+    async def report_outcomes(self, outcomes: Iterable[pb.Outcome], *, request_id_prefix: str = "",
+                              timeout: float | None = 5.0) -> pb.ReportOutcomesResponse:
+        """Tell the server what became of its suggestions (shown, accepted, rejected)."""
+        return await self._stub.ReportOutcomes(build_report(outcomes, request_id_prefix), timeout=timeout, metadata=self._metadata)
+
+    async def outcome_stats(self, timeout: float | None = 10.0) -> pb.OutcomeStats:
+        """Acceptance rate, accepted characters and wasted tokens since the server started."""
+        return await self._stub.GetOutcomeStats(pb.GetOutcomeStatsRequest(), timeout=timeout, metadata=self._metadata)
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         await asyncio.wait_for(self._channel.channel_ready(), timeout)

@@ -9,7 +9,7 @@ from typing import Iterable, Mapping
 
 import grpc
 
-from quickdraft.v1.completion_pb2 import CompleteRequest, ContextFile
+from quickdraft.v1.completion_pb2 import CompleteRequest, ContextFile, Outcome, ReportOutcomesRequest
 from quickdraft.wire import AUTHORIZATION_KEY, LATENCY_CLASSES, bearer
 
 # gRPC target schemes that never leave this machine.
@@ -33,8 +33,14 @@ def build_request(
     latency_class: str | int = "inline",
     raw_prompt: bool = False,
     request_id: str = "",
+    strict_prompt: bool = False,
 ) -> CompleteRequest:
-    """A CompleteRequest from keyword arguments (or the given one, unchanged)."""
+    """A CompleteRequest from keyword arguments (or the given one, unchanged).
+
+    A prompt over the server's budget is cut to fit, nearest the cursor kept
+    (the final message's ``prompt_fit`` says what went); ``strict_prompt``
+    makes it INVALID_ARGUMENT instead, for callers that fit prompts themselves.
+    """
     if request is not None:
         return request
     if isinstance(latency_class, str):
@@ -54,6 +60,7 @@ def build_request(
         stop=list(stop),
         latency_class=latency_class,
         raw_prompt=raw_prompt,
+        strict_prompt=strict_prompt,
     )
     if suffix is not None:
         msg.suffix = suffix
@@ -64,6 +71,12 @@ def build_request(
     if seed is not None:
         msg.seed = seed
     return msg
+
+
+def build_report(outcomes: Iterable[Outcome], request_id_prefix: str = "") -> ReportOutcomesRequest:
+    """A ReportOutcomesRequest; ``request_id_prefix`` (the session's request id
+    prefix) opts this session's requests into the server's never-shown count."""
+    return ReportOutcomesRequest(outcomes=list(outcomes), request_id_prefix=request_id_prefix)
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import grpc
 
-from quickdraft.client.request import RetryPolicy, build_request, call_metadata, channel_options, check_token_transport
+from quickdraft.client.request import RetryPolicy, build_report, build_request, call_metadata, channel_options, check_token_transport
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.v1.completion_pb2_grpc import CompletionStub
 
@@ -17,6 +17,11 @@ from quickdraft.v1.completion_pb2_grpc import CompletionStub
 class CompletionResult:
     text: str
     final: pb.CompleteFinal
+
+    @property
+    def prompt_fit(self) -> pb.PromptFit:
+        """What the server cut from the prompt to fit its budget (``truncated`` false: nothing)."""
+        return self.final.prompt_fit
 
 
 class CompletionStream:
@@ -32,6 +37,11 @@ class CompletionStream:
         self._call = None
         self._cancelled = False
         self.final: pb.CompleteFinal | None = None
+
+    @property
+    def prompt_fit(self) -> pb.PromptFit | None:
+        """What the server cut from the prompt to fit its budget; None until the stream has ended."""
+        return None if self.final is None else self.final.prompt_fit
 
     def __iter__(self) -> Iterator[str]:
         attempt = 0
@@ -126,6 +136,14 @@ class CompletionClient:
         """Fix the speculative config (e.g. "p5", "ar3", "off") until released with ""."""
         return self._stub.PinSpeculation(pb.PinSpeculationRequest(config=config, allow_rebuild=allow_rebuild), timeout=timeout,
                                          metadata=self._metadata)
+
+    def report_outcomes(self, outcomes: Iterable[pb.Outcome], *, request_id_prefix: str = "", timeout: float | None = 5.0) -> pb.ReportOutcomesResponse:
+        """Tell the server what became of its suggestions (shown, accepted, rejected)."""
+        return self._stub.ReportOutcomes(build_report(outcomes, request_id_prefix), timeout=timeout, metadata=self._metadata)
+
+    def outcome_stats(self, timeout: float | None = 10.0) -> pb.OutcomeStats:
+        """Acceptance rate, accepted characters and wasted tokens since the server started."""
+        return self._stub.GetOutcomeStats(pb.GetOutcomeStatsRequest(), timeout=timeout, metadata=self._metadata)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         grpc.channel_ready_future(self._channel).result(timeout=timeout)

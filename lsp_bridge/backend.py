@@ -177,6 +177,19 @@ class Backend:
     def available(self) -> bool:
         return self._client is not None and self.state != DOWN
 
+    async def report_outcomes(self, outcomes: list[pb.Outcome], request_id_prefix: str) -> grpc.StatusCode | None:
+        """Send one batch of suggestion outcomes; None when the server took it,
+        else why not (the batch is not retried: outcomes are figures, not work)."""
+        if not self.available or self._client is None:
+            return grpc.StatusCode.UNAVAILABLE
+        try:
+            await self._client.report_outcomes(outcomes, request_id_prefix=request_id_prefix, timeout=self.config.request_timeout_s)
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in _UNREACHABLE:
+                log.warning("ReportOutcomes failed: %s %s", err.code().name, err.details())
+            return err.code()
+        return None
+
     async def complete_within_budget(
         self, build: Callable[[Budget], tuple[pb.CompleteRequest, Callable[[str], bool]]], *, document: str, language: str
     ) -> Sized:

@@ -8,7 +8,7 @@ was shown last, so the rest of it is still the suggestion.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from quickdraft.lsp_bridge.postprocess import Completion
 from quickdraft.lsp_bridge.text import decode
@@ -60,7 +60,7 @@ class CompletionCache:
         text = shown.completion.text
         if "\n" in typed or not text.startswith(typed) or len(typed) >= len(text):
             return None
-        return Completion(text[len(typed) :], shown.completion.replace_bytes)
+        return replace(shown.completion, text=text[len(typed) :])  # the same suggestion, from the same request
 
     def forget(self, uri: str) -> None:
         self._last.pop(uri, None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from quickdraft.client import build_request
@@ -38,11 +39,15 @@ def _outer_cancelled() -> bool:
 
 
 class Completer:
-    def __init__(self, workspace: Workspace, context: ContextEngine, backend: Backend, settings: Settings):
+    def __init__(self, workspace: Workspace, context: ContextEngine, backend: Backend, settings: Settings,
+                 request_ids: Callable[[], str] | None = None):
         self.workspace = workspace
         self.context = context
         self.backend = backend
         self.settings = settings
+        # The bridge names its requests, so that outcome reports can name them even
+        # when it cancelled the stream itself (no final message, no server-made id).
+        self.request_ids = request_ids
         self.cache = CompletionCache()
         self._inflight: dict[str, asyncio.Task] = {}
         self.sleep = asyncio.sleep  # the debounce wait (replaceable in tests)
@@ -115,12 +120,17 @@ class Completer:
 
         def build(budget: Budget):
             request, shape = make_request(self.workspace, self.context, opened, offset, budget, self.settings)
+            if self.request_ids is not None:
+                request.request_id = self.request_ids()
             drafts.append(Draft(shape))
             return request, drafts[-1].feed
 
         language = opened.doc.language_id or (opened.spec.name if opened.spec else "")
         sized = await self.backend.complete_within_budget(build, document=opened.uri, language=language)
-        return sized.outcome is Outcome.ANSWERED, drafts[-1].result()
+        completion = drafts[-1].result()
+        if completion is not None:
+            completion = replace(completion, request_id=sized.request.request_id)
+        return sized.outcome is Outcome.ANSWERED, completion
 
 
 def make_request(
@@ -148,5 +158,8 @@ def make_request(
         # after the first line that is not blank (see postprocess._one_line).
         stop=() if shape.multiline or shape.on_blank_line else ("\n",),
         latency_class="inline",
+        # The bridge fits its own prompts and learns its bytes-per-token ratio
+        # from the server's count: a prompt the server cut would skew it.
+        strict_prompt=True,
     )
     return request, shape

@@ -54,6 +54,8 @@ class Completion:
     text: str
     # Bytes after the cursor, on its line, that the completion replaces.
     replace_bytes: int = 0
+    # The server request that wrote it: what the editor's outcome reports name (lsp_bridge/outcomes.py).
+    request_id: str = ""
 
 
 def _indent_width(line: str) -> int:

@@ -24,6 +24,7 @@ from quickdraft.client.request import is_loopback_host
 from quickdraft.lsp_bridge.backend import REFUSED, Backend, BackendConfig
 from quickdraft.lsp_bridge.completer import Completer, Result
 from quickdraft.lsp_bridge.context import ContextEngine
+from quickdraft.lsp_bridge.outcomes import ACCEPT_COMMAND, CAPABILITY, NOTIFICATION, OutcomeReporter
 from quickdraft.lsp_bridge.settings import SECTION, Settings
 from quickdraft.lsp_bridge.symbols import SymbolIndex
 from quickdraft.lsp_bridge.text import UTF8, UTF16
@@ -107,6 +108,9 @@ class BridgeServer(LanguageServer):
         self.context = ContextEngine(self.documents, self.symbols, repository_context=self.settings.repository_context)
         self.backend: Backend | None = None
         self.completer: Completer | None = None
+        self.outcomes = OutcomeReporter()
+        # Set from the client's capabilities: items carry the accept command only then.
+        self.editor_reports_outcomes = False
 
     def start_io(self, stdin=None, stdout=None) -> None:
         """Serve LSP over stdio, reading stdin through an asyncio pipe.
@@ -170,8 +174,10 @@ class BridgeServer(LanguageServer):
 
     def start_backend(self) -> None:
         self.backend = Backend(self.backend_config(), on_state=self._on_backend_state)
-        self.completer = Completer(self.documents, self.context, self.backend, self.settings)
+        self.completer = Completer(self.documents, self.context, self.backend, self.settings, request_ids=self.outcomes.new_request_id)
         self.backend.start()
+        self.outcomes.send = self.backend.report_outcomes
+        self.outcomes.start()
 
     def apply_settings(self, settings: Settings) -> None:
         """Take new settings now; a new server address reconnects in the background."""
@@ -258,7 +264,7 @@ def _folders(params: types.InitializeParams) -> list[str]:
     return []
 
 
-def _inline_items(result: Result | None, position: types.Position) -> types.InlineCompletionList:
+def _inline_items(result: Result | None, position: types.Position, suggestion_id: str | None = None) -> types.InlineCompletionList:
     if result is None:
         return types.InlineCompletionList(items=[])
     doc = result.opened.doc
@@ -267,7 +273,19 @@ def _inline_items(result: Result | None, position: types.Position) -> types.Inli
         insert_text=result.completion.text,
         range=types.Range(start=position, end=types.Position(end_line, end_char)),
     )
+    if suggestion_id is not None:
+        # Run by the editor on accept; its argument is what outcome reports name (docs/lsp.md).
+        item.command = types.Command(title="quickdraft: suggestion accepted", command=ACCEPT_COMMAND,
+                                     arguments=[{"suggestionId": suggestion_id}])
     return types.InlineCompletionList(items=[item])
+
+
+def _suggestion_id(ls: BridgeServer, result: Result | None) -> str | None:
+    """The opaque id an outcome-reporting editor echoes back; None for other editors."""
+    if result is None or not ls.editor_reports_outcomes or not result.completion.request_id:
+        return None
+    language = result.opened.doc.language_id or (result.opened.spec.name if result.opened.spec else "")
+    return ls.outcomes.suggestion_id(result.completion.request_id, language, len(result.completion.text))
 
 
 def _completion_items(result: Result | None, position: types.Position) -> types.CompletionList:
@@ -310,6 +328,8 @@ def create_server(settings: Settings | None = None, *, editor_sets_connection: b
             ls.apply_runtime_options(params.initialization_options, "initializationOptions over --tcp")
         ls.documents.set_folders(_folders(params))
         ls.documents.encoding = ServerCapabilitiesBuilder.choose_position_encoding(params.capabilities)
+        experimental = params.capabilities.experimental
+        ls.editor_reports_outcomes = isinstance(experimental, dict) and experimental.get(CAPABILITY) is True
         text_document = params.capabilities.text_document
         no_inline = text_document is None or text_document.inline_completion is None
         if no_inline and types.TEXT_DOCUMENT_COMPLETION not in ls.protocol.fm.features:
@@ -326,6 +346,7 @@ def create_server(settings: Settings | None = None, *, editor_sets_connection: b
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: BridgeServer, params: None) -> None:
+        await ls.outcomes.close()
         if ls.backend is not None:
             await ls.backend.close()
 
@@ -401,7 +422,12 @@ def create_server(settings: Settings | None = None, *, editor_sets_connection: b
     async def inline_completion(ls: BridgeServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
         invoked = params.context is not None and params.context.trigger_kind == types.InlineCompletionTriggerKind.Invoked
         result = await _complete(ls, params.text_document, params.position, invoked)
-        return _inline_items(result, params.position)
+        return _inline_items(result, params.position, _suggestion_id(ls, result))
+
+    @server.feature(NOTIFICATION)
+    def completion_outcome(ls: BridgeServer, params: Any) -> None:
+        # Queued for the server in batches; never blocks, never fails the editor.
+        ls.outcomes.on_notification(params)
 
     async def completion(ls: BridgeServer, params: types.CompletionParams) -> types.CompletionList:
         invoked = params.context is not None and params.context.trigger_kind == types.CompletionTriggerKind.Invoked

@@ -1,4 +1,4 @@
-"""The ``quickdraft`` command: serve, complete, pin, token, lsp, tune, bench."""
+"""The ``quickdraft`` command: serve, complete, pin, stats, token, lsp, tune, bench."""
 
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ def _complete(args: argparse.Namespace) -> int:
             return 2
         path = args.location.rsplit(":", 2)[0]
     token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("QUICKDRAFT_AUTH_TOKEN")
-    fields = dict(prefix=prefix, suffix=suffix, file_path=path, max_tokens=args.max_tokens, latency_class=args.latency_class)
+    fields = dict(prefix=prefix, suffix=suffix, file_path=path, max_tokens=args.max_tokens, latency_class=args.latency_class,
+                  strict_prompt=args.strict_prompt)
     if args.temperature is not None:
         fields["temperature"] = args.temperature
     with CompletionClient(args.server, token=token, timeout=args.timeout) as client:
@@ -112,7 +113,20 @@ def _complete(args: argparse.Namespace) -> int:
         print(json.dumps({"text": "".join(pieces), **MessageToDict(stream.final, preserving_proto_field_name=True)}, indent=2))
     else:
         sys.stdout.write("\n")
+        note = prompt_fit_note(stream.final.prompt_fit)
+        if note:
+            print(f"quickdraft complete: {note}", file=sys.stderr)
     return 0
+
+
+def prompt_fit_note(fit) -> str:
+    """What the server cut to fit the prompt, in words; "" when nothing."""
+    if not fit.truncated:
+        return ""
+    parts = [f"{n} {what}" for n, what in ((fit.prefix_chars_cut, "characters before the cursor"),
+                                          (fit.suffix_chars_cut, "characters after it"),
+                                          (fit.context_files_dropped, "context files")) if n]
+    return f"the prompt was over the server's budget; it kept the text nearest the cursor and cut {', '.join(parts) or 'nothing'}"
 
 
 def _pin(args: argparse.Namespace) -> int:
@@ -133,6 +147,47 @@ def _pin(args: argparse.Namespace) -> int:
             return 1
     state = "pinned" if reply.pinned else "not pinned"
     print(f"{reply.config.label} ({state}; {reply.applied}, {reply.switch_ms:.1f} ms)")
+    return 0
+
+
+def format_stats(stats) -> str:
+    """An OutcomeStats as a table for people: one row per language, latency
+    class and speculative config, then the total."""
+    import time
+
+    header = ("language", "class", "config", "shown", "accepted", "partial", "rejected", "acceptance", "chars/shown", "on screen",
+              "wasted: cancelled", "never shown")
+    rows = [header]
+    for g in [*stats.groups, stats.total]:
+        rows.append((g.language or "total", g.latency_class, g.speculative_config, str(g.shown), str(g.accepted), str(g.partially_accepted),
+                     str(g.rejected), f"{g.acceptance_rate:.1%}", f"{g.accepted_chars_per_shown:.1f}", f"{g.mean_shown_ms / 1000:.1f} s",
+                     str(g.wasted_tokens_cancelled), str(g.wasted_tokens_never_shown)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i < 3 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stats.since_unix_time)) if stats.since_unix_time else "?"
+    notes = (f"since {since}; {stats.reporting_sessions} editor sessions reporting; never shown: finished, not reported shown within "
+             f"{stats.never_shown_grace_s:g} s (sessions that report only); {stats.unknown_request_ids} outcomes for unknown requests")
+    return "\n".join([*lines, notes])
+
+
+def _stats(args: argparse.Namespace) -> int:
+    import grpc
+
+    from quickdraft.client import CompletionClient
+
+    token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("QUICKDRAFT_AUTH_TOKEN")
+    with CompletionClient(args.server, token=token) as client:
+        try:
+            stats = client.outcome_stats()
+        except grpc.RpcError as e:
+            print(f"quickdraft stats: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    if args.json:
+        from google.protobuf.json_format import MessageToDict
+
+        print(json.dumps(MessageToDict(stats, preserving_proto_field_name=True, always_print_fields_with_no_presence=True), indent=2))
+    else:
+        print(format_stats(stats))
     return 0
 
 
@@ -193,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=30.0, help="deadline in seconds")
     p.add_argument("--token-file", help="file with the server's bearer token (default: $QUICKDRAFT_AUTH_TOKEN)")
     p.add_argument("--json", action="store_true", help="print text, timings and speculative figures as JSON")
+    p.add_argument("--strict-prompt", action="store_true", help="refuse a file over the server's prompt budget instead of letting it cut it")
     p.set_defaults(func=_complete)
 
     p = sub.add_parser("pin", help="fix the server's speculative config (the controller stops choosing) until --release")
@@ -202,6 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server", default="127.0.0.1:50051")
     p.add_argument("--token-file", help="file with the server's bearer token (default: $QUICKDRAFT_AUTH_TOKEN)")
     p.set_defaults(func=_pin)
+
+    p = sub.add_parser("stats", help="what users kept: acceptance rate, accepted characters per shown suggestion, wasted tokens, "
+                                     "by language and speculative config")
+    p.add_argument("--server", default="127.0.0.1:50051")
+    p.add_argument("--token-file", help="file with the server's bearer token (default: $QUICKDRAFT_AUTH_TOKEN)")
+    p.add_argument("--json", action="store_true", help="print the OutcomeStats message as JSON")
+    p.set_defaults(func=_stats)
 
     p = sub.add_parser("token", help="per-user tokens for security.auth_tokens_file: add (prints a new token once), remove, list")
     p.add_argument("action", choices=["add", "remove", "list"])

@@ -73,6 +73,11 @@ Segment = tuple[bool, str]
 """(is_special_token, text): special segments are one control token each."""
 
 
+def context_file_text(path: str, content: str) -> str:
+    """The text of one context file after its <|file_sep|>: path, then content ending in a newline."""
+    return f"{path}\n{content}" + ("" if content.endswith("\n") else "\n")
+
+
 def segments(ctx: CodeContext, prompt_format: str = FORMAT_NAME) -> list[Segment]:
     """The prompt as alternating text and control tokens.
 
@@ -86,7 +91,7 @@ def segments(ctx: CodeContext, prompt_format: str = FORMAT_NAME) -> list[Segment
     if ctx.context_files or ctx.repo_name:
         out += [(True, REPO_NAME), (False, f"{ctx.repo_name}\n")]
         for path, content in ctx.context_files:
-            out += [(True, FILE_SEP), (False, f"{path}\n{content}" + ("" if content.endswith("\n") else "\n"))]
+            out += [(True, FILE_SEP), (False, context_file_text(path, content))]
         out += [(True, FILE_SEP), (False, f"{ctx.file_path}\n")]
     if ctx.suffix is None:
         out.append((False, ctx.prefix))

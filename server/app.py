@@ -18,6 +18,7 @@ from quickdraft.server.config.validation import check_remote_exposure, is_loopba
 from quickdraft.server.engine_manager import EngineManager
 from quickdraft.server.frontend import Auth
 from quickdraft.server.grpc_server import GrpcServer
+from quickdraft.server.outcomes import OutcomeBook
 from quickdraft.server.pinning import SpeculationPin
 from quickdraft.server.service import CompletionService
 from quickdraft.server.telemetry import Telemetry
@@ -38,8 +39,11 @@ class QuickdraftServer:
         # One token read for both protocols.
         self.auth = Auth.from_config(cfg)
         self.pin = SpeculationPin(self.engines, controller=lambda: self.controller)
+        # What editors did with the suggestions: fed by every finished request, read by both front ends.
+        self.outcomes = OutcomeBook(self.telemetry)
+        self.service.observers.callbacks.append(self.outcomes.remember)
         self.grpc = GrpcServer(cfg, self.service, self.auth, controller_state=lambda: self.controller.state_proto() if self.controller else None,
-                               pin=self.pin)
+                               pin=self.pin, outcomes=self.outcomes)
         self.http = None
         self.port = 0
         self._engine_task: asyncio.Task | None = None
@@ -66,7 +70,7 @@ class QuickdraftServer:
             from quickdraft.server.openai.http_server import HttpServer
             from quickdraft.server.openai.serving import OpenAIServing
 
-            self.http = HttpServer(self.cfg, build_app(OpenAIServing(self.cfg, self.service, self.auth)))
+            self.http = HttpServer(self.cfg, build_app(OpenAIServing(self.cfg, self.service, self.auth, self.outcomes)))
             await self.http.start()
         self._engine_task = asyncio.create_task(self._start_engine(), name="engine-start")
         return self.port

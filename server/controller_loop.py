@@ -1,11 +1,13 @@
 """Drives the adaptive controller (server/controller) from the running server.
 
 Per finished request it turns the service's record into an Observation; every
-``controller.decide_every_s`` it samples the engine, asks for a decision, and
-applies anything but "hold" by switching the engine: live, between two
-engine steps, where the serving engine can run the new setting
-(server/vllm_live.py), else by building another engine while the old one
-serves (server/engine_manager.py), so no request is dropped.
+``controller.decide_every_s`` (``controller.measure.window_s`` while the
+controller measures: every candidate a live switch away) it samples the
+engine, hands the controller the window served since the last tick, asks
+for a decision, and applies anything but "hold" by switching the engine:
+live, between two engine steps, where the serving engine can run the new
+setting (server/vllm_live.py), else by building another engine while the
+old one serves (server/engine_manager.py), so no request is dropped.
 The tuned profile is saved after each applied switch and on stop.
 """
 
@@ -31,6 +33,7 @@ from quickdraft.server.controller import (
     save_from,
     with_fingerprint,
 )
+from quickdraft.server.controller.measured import Window
 from quickdraft.server.controller_proto import state_message
 from quickdraft.server.engine import hardware_description, vllm_version
 from quickdraft.server.engine_manager import EngineManager
@@ -109,6 +112,7 @@ class ControllerLoop:
         self.pinned: SpecConfig | None = None
         """An operator's pin (server/pinning.py): no decisions, no learning, while set."""
         self.skipped_while_pinned = 0
+        self._window: _WindowStart | None = None
         service.observers.callbacks.append(self.on_request)
 
     def start_spec(self) -> SpecConfig:
@@ -219,9 +223,8 @@ class ControllerLoop:
     # --- the loop ----------------------------------------------------------------
 
     async def _run(self) -> None:
-        period = self.cfg.controller.decide_every_s
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(self.cfg.controller.measure.window_s if self.ctl.measuring else self.cfg.controller.decide_every_s)
             try:
                 await self.tick()
             except asyncio.CancelledError:
@@ -232,11 +235,16 @@ class ControllerLoop:
     async def tick(self) -> None:
         engine = self.engines.engine
         if engine is None or not self.engines.serving or self.pinned is not None:
+            self._window = None
             return
         snap = engine.snapshot
         now = self.clock()
         self.ctl.observe_engine(EngineSnapshot(running=snap.running, waiting=snap.waiting, kv_cache_usage=min(1.0, max(0.0, snap.kv_cache_usage))), now=now)
         self.ctl.set_warm(self.engines.standby, live=self.engines.live_can_serve)
+        if self.ctl.measuring:
+            self._close_window(engine, now)
+        else:
+            self._window = None
         decision = self.ctl.decide(now=now)
         if decision.action == "hold":
             return
@@ -249,6 +257,7 @@ class ControllerLoop:
             self.ctl.apply_failed(decision, "engine rebuilds are disabled (controller.allow_rebuild = false)", now=self.clock())
             return
         ok = await self.engines.switch(spec, f"controller {decision.action}: {decision.reason}")
+        self._window = None  # the next window starts in the new setting
         if ok:
             self.applied_switches += 1
             if not instant:
@@ -260,13 +269,58 @@ class ControllerLoop:
             self.failed_switches += 1
             self.ctl.apply_failed(decision, "the switch failed (see the log)", now=self.clock())
 
+    def _close_window(self, engine, now: float) -> None:
+        """Hand the controller what was served since the last window, once the
+        window is long enough and decoded enough tokens; a window that ran
+        into another engine or setting, or idled past ten windows' time, is dropped."""
+        meter, snap, m = self.service.meter, engine.snapshot, self.cfg.controller.measure
+        start = self._window
+        self._window = _WindowStart(engine, engine.spec, time.monotonic(), time.perf_counter(), snap.running_seconds,
+                                    snap.running, meter.decode_seconds, meter.decode_tokens, snap.busy_seconds,
+                                    snap.busy_steps, snap.drafts, tuple(snap.accepted_per_position))
+        if start is None or start.engine is not engine or start.spec != engine.spec or self.engines.building:
+            return
+        seconds = self._window.monotonic - start.monotonic
+        tokens = meter.decode_tokens - start.decode_tokens
+        if seconds < m.window_s or tokens < m.min_tokens:
+            if seconds < 10 * m.window_s:
+                self._window = start  # keep it open
+            return
+        running = (snap.running_seconds - start.running_seconds) / seconds
+        first = tuple((cls, ttft) for cls, ttft, at in list(meter.first_tokens) if at >= start.perf)
+        accepted = tuple(a - (start.accepted[i] if i < len(start.accepted) else 0)
+                         for i, a in enumerate(snap.accepted_per_position))
+        self.ctl.observe_window(Window(
+            engine.spec.at(max(1.0, running)), seconds, meter.decode_seconds - start.decode_seconds, tokens, running,
+            start.running, snap.running, first, busy_seconds=snap.busy_seconds - start.busy_seconds,
+            steps=snap.busy_steps - start.steps, drafts=snap.drafts - start.drafts, accepted_per_position=accepted), now=now)
+
     # --- outputs -----------------------------------------------------------------
 
     def state_proto(self) -> pb.ControllerState:
-        msg = state_message(self.ctl.state())
+        msg = state_message(self.ctl.state(decisions=self.ctl.settings.history_size))
         msg.enabled = True
         msg.engine_rebuilds = self.engines.stats.rebuilds
         msg.live_switches = self.engines.stats.live_switches
+        msg.live_switch_ms.extend(self.engines.stats.live_switch_ms)
         msg.profile_path = str(self.store.path_for(self.key))
         msg.pinned = self.pinned.label() if self.pinned is not None else ""
         return msg
+
+
+@dataclasses.dataclass(frozen=True)
+class _WindowStart:
+    """Where the current measurement window began."""
+
+    engine: object
+    spec: SpecConfig
+    monotonic: float
+    perf: float
+    running_seconds: float
+    running: int
+    decode_seconds: float
+    decode_tokens: int
+    busy_seconds: float
+    steps: int
+    drafts: int
+    accepted: tuple[int, ...]

@@ -25,6 +25,9 @@ def state_message(state: ControllerState) -> pb.ControllerState:
         running_requests=state.load.current,
         profile_path=state.profile_path,
         engine_rebuilds=state.engine_rebuilds,
+        measuring=state.measuring,
+        measured=[pb.MeasuredTPOT(load=m.load, config=m.config.label(), tpot_ms=m.tpot_s * 1e3, windows=m.windows,
+                                  age_s=m.age_s) for m in state.measured],
     )
 
 

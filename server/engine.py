@@ -56,6 +56,15 @@ class EngineSnapshot:
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     updated: float = 0.0
+    running_seconds: float = 0.0
+    """Running requests integrated over time (monotonic seconds): a window's
+    mean load is its increase over the window's length. The running count of
+    a step spans the time since the previous step; an idle engine reports 0
+    on its last step, so idle time adds nothing."""
+    busy_seconds: float = 0.0
+    """Time with requests running, by the same rule ..."""
+    busy_steps: int = 0
+    """... and the steps it took: their ratio is the mean step time."""
 
 
 def _stat_logger_factory(snapshot: EngineSnapshot):
@@ -69,11 +78,18 @@ def _stat_logger_factory(snapshot: EngineSnapshot):
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
             if scheduler_stats is None:
                 return
+            now = time.monotonic()
+            if snapshot.updated:
+                running = min(snapshot.running, scheduler_stats.num_running_reqs)
+                snapshot.running_seconds += running * (now - snapshot.updated)
+                if running:
+                    snapshot.busy_seconds += now - snapshot.updated
+                    snapshot.busy_steps += 1
             snapshot.running = scheduler_stats.num_running_reqs
             snapshot.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
             snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage
             snapshot.steps += 1
-            snapshot.updated = time.monotonic()
+            snapshot.updated = now
             spec = scheduler_stats.spec_decoding_stats
             if spec is not None:
                 snapshot.drafts += spec.num_drafts

@@ -21,6 +21,7 @@ from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.config.validation import check_tls_files
 from quickdraft.server.errors import RequestError
 from quickdraft.server.frontend import Auth, grpc_peer_host
+from quickdraft.server.outcomes import OutcomeBook
 from quickdraft.server.pinning import SpeculationPin
 from quickdraft.server.service import CompletionService
 from quickdraft.v1 import completion_pb2 as pb
@@ -54,11 +55,12 @@ class CompletionServicer:
     """gRPC adapter: protocol in, protocol out; the logic is CompletionService's."""
 
     def __init__(self, service: CompletionService, auth: Auth | None = None, controller_state: Callable[[], pb.ControllerState | None] | None = None,
-                 pin: SpeculationPin | None = None):
+                 pin: SpeculationPin | None = None, outcomes: OutcomeBook | None = None):
         self.service = service
         self.auth = auth or Auth(None)
         self.controller_state = controller_state
         self.pin = pin
+        self.outcomes = outcomes
 
     async def Complete(self, request, context: grpc.aio.ServicerContext):
         if isinstance(request, _BadRequest):
@@ -99,6 +101,23 @@ class CompletionServicer:
         return pb.PinSpeculationResponse(config=self.service.server_info().speculative, pinned=self.pin.pinned is not None,
                                          applied=applied, switch_ms=ms)
 
+    async def ReportOutcomes(self, request, context):
+        if isinstance(request, _BadRequest):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request could not be parsed: {request.error} (string fields must be valid UTF-8)")
+        if self.outcomes is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server does not take outcome reports")
+        md = dict(context.invocation_metadata() or ())
+        client = self.auth.client(md.get(AUTHORIZATION_KEY, ""), grpc_peer_host(context.peer()))
+        try:
+            return self.outcomes.report(request, client, self.service.telemetry.trace_context(md))
+        except RequestError as e:
+            await context.abort(grpc.StatusCode[e.code], e.message)
+
+    async def GetOutcomeStats(self, request, context):
+        if self.outcomes is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server does not take outcome reports")
+        return self.outcomes.stats()
+
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
             SERVICE_NAME,
@@ -114,6 +133,12 @@ class CompletionServicer:
                 ),
                 "PinSpeculation": grpc.unary_unary_rpc_method_handler(
                     self.PinSpeculation, request_deserializer=_parse(pb.PinSpeculationRequest), response_serializer=pb.PinSpeculationResponse.SerializeToString
+                ),
+                "ReportOutcomes": grpc.unary_unary_rpc_method_handler(
+                    self.ReportOutcomes, request_deserializer=_parse(pb.ReportOutcomesRequest), response_serializer=pb.ReportOutcomesResponse.SerializeToString
+                ),
+                "GetOutcomeStats": grpc.unary_unary_rpc_method_handler(
+                    self.GetOutcomeStats, request_deserializer=_parse(pb.GetOutcomeStatsRequest), response_serializer=pb.OutcomeStats.SerializeToString
                 ),
             },
         )
@@ -182,11 +207,11 @@ class GrpcServer:
     then read ``.port``): the Completion service, grpc.health.v1 and reflection."""
 
     def __init__(self, cfg: QuickdraftConfig, service: CompletionService, auth: Auth, controller_state: Callable[[], pb.ControllerState | None],
-                 pin: SpeculationPin | None = None):
+                 pin: SpeculationPin | None = None, outcomes: OutcomeBook | None = None):
         self.cfg = cfg
         self.service = service
         self.auth = auth
-        self.servicer = CompletionServicer(service, auth, controller_state, pin)
+        self.servicer = CompletionServicer(service, auth, controller_state, pin, outcomes)
         self.health = BoundedHealthServicer(cfg.limits.max_health_watchers)
         self.server: grpc.aio.Server | None = None
         self.port = 0

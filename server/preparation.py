@@ -1,5 +1,6 @@
-"""A CompleteRequest turned into engine input: checked, its prompt rendered
-and tokenized, its sampling settings defaulted and fitted to the context window.
+"""A CompleteRequest turned into engine input: checked, its prompt rendered,
+tokenized and cut to the budget where it is over (server/prompt_fitting.py),
+its sampling settings defaulted and fitted to the context window.
 
 Everything here is per request, never per token.
 """
@@ -8,17 +9,20 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import uuid
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quickdraft.server.config import QuickdraftConfig
-from quickdraft.server.errors import RequestError, invalid
+from quickdraft.server.errors import invalid
+from quickdraft.server.prompt_fitting import cut_chars, fit_tokens
 from quickdraft.server.prompt_tokens import PromptTokenizer, tokenize
 from quickdraft.server.request_validation import LATENCY_CLASS_NAMES, check, prompt_chars
-from quickdraft.server.tokenizer_pool import TokenizerPool
+from quickdraft.server.tokenizer_pool import INLINE_CHARS, TokenizerPool
 from quickdraft.v1 import completion_pb2 as pb
-from quickdraft.wire import PROMPT_LIMIT_KEY, PROMPT_TOKENS_KEY
+
+log = logging.getLogger("quickdraft.requests")
 
 
 @dataclass
@@ -64,6 +68,8 @@ class PreparedRequest:
     # Safe to log: sizes and a hash, never the code itself.
     prompt_chars: int
     prompt_sha: str
+    # What was cut to fit the budget (CompleteFinal.prompt_fit).
+    prompt_fit: pb.PromptFit = field(default_factory=pb.PromptFit)
 
     @property
     def prompt_tokens(self) -> int:
@@ -71,31 +77,38 @@ class PreparedRequest:
 
 
 def prepare(req: pb.CompleteRequest, cfg: QuickdraftConfig, tokens: PromptTokenizer) -> PreparedRequest:
-    """Check, tokenize on this thread, fit."""
+    """Check, cut to max_prompt_chars, tokenize on this thread, cut to max_prompt_tokens."""
     check(req, cfg)
-    return _fit(req, cfg, tokenize(tokens, req, cfg.preset.prompt_format))
+    req, fit = cut_chars(req, cfg, tokens)
+    memo: dict[str, list[int]] = {}
+    ids = tokenize(tokens, req, cfg.preset.prompt_format, memo)
+    if len(ids) > cfg.max_prompt_tokens():
+        req, ids = fit_tokens(tokens, req, cfg, ids, memo, fit)
+    return _prepared(req, cfg, ids, fit)
 
 
 async def prepare_off_loop(req: pb.CompleteRequest, cfg: QuickdraftConfig, tokens: PromptTokenizer, pool: TokenizerPool, client: str) -> PreparedRequest:
-    """``prepare`` for the serving path: checks first, then a long prompt is
-    tokenized on the pool, in ``client``'s turn."""
+    """``prepare`` for the serving path: checks and the cut by characters
+    first, then a long prompt is tokenized on the pool, in ``client``'s turn."""
     check(req, cfg)
-    ids = await pool.run(client, prompt_chars(req), lambda: tokenize(tokens, req, cfg.preset.prompt_format))
-    return _fit(req, cfg, ids)
+    req, fit = cut_chars(req, cfg, tokens)
+    memo: dict[str, list[int]] = {}
+    ids = await pool.run(client, prompt_chars(req), functools.partial(tokenize, tokens, req, cfg.preset.prompt_format, memo))
+    if len(ids) > cfg.max_prompt_tokens():
+        # Cutting tokenizes pieces of the prompt again: on the pool (and the
+        # client's share) whatever the prompt's size.
+        chars = max(prompt_chars(req), INLINE_CHARS)
+        req, ids = await pool.run(client, chars, functools.partial(fit_tokens, tokens, req, cfg, ids, memo, fit))
+    return _prepared(req, cfg, ids, fit)
 
 
-def _fit(req: pb.CompleteRequest, cfg: QuickdraftConfig, ids: list[int]) -> PreparedRequest:
+def _prepared(req: pb.CompleteRequest, cfg: QuickdraftConfig, ids: list[int], fit: pb.PromptFit) -> PreparedRequest:
     if not ids:
         raise invalid("prefix", "the prompt tokenizes to nothing")
-    limit = cfg.max_prompt_tokens()
-    if len(ids) > limit:
-        raise RequestError(
-            "INVALID_ARGUMENT",
-            f"the prompt is {len(ids)} tokens; the limit is limits.max_prompt_tokens = {limit} "
-            f"(aim for GetServerInfo.limits.prompt_budget_tokens = {cfg.prompt_budget_tokens()})",
-            {PROMPT_TOKENS_KEY: str(len(ids)), PROMPT_LIMIT_KEY: str(limit)},
-            field="prefix",
-        )
+    request_id = req.request_id or uuid.uuid4().hex
+    if fit.truncated:
+        log.info("request %s prompt cut to fit: prefix -%d chars, suffix -%d chars, %d context files dropped, -%d tokens",
+                 request_id, fit.prefix_chars_cut, fit.suffix_chars_cut, fit.context_files_dropped, fit.prompt_tokens_cut)
     lim = cfg.limits
     max_tokens = req.max_tokens or lim.default_max_tokens
     # Never ask the engine for more than the context window holds.
@@ -108,11 +121,12 @@ def _fit(req: pb.CompleteRequest, cfg: QuickdraftConfig, ids: list[int]) -> Prep
         seed=req.seed if req.HasField("seed") else None,
     )
     return PreparedRequest(
-        request_id=req.request_id or uuid.uuid4().hex,
+        request_id=request_id,
         prompt_token_ids=ids,
         sampling=sampling,
         latency_class=LATENCY_CLASS_NAMES[req.latency_class],
         fim=req.HasField("suffix"),
         prompt_chars=prompt_chars(req),
         prompt_sha=hashlib.sha256(array("i", ids).tobytes()).hexdigest()[:12],
+        prompt_fit=fit,
     )

@@ -20,9 +20,10 @@ gRPC benchmark's prompts (about 1,600 characters, 474 tokens; tokenizers
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from quickdraft.prompt_format import CodeContext, segments
+from quickdraft.prompt_format import SPECIAL_TOKENS, CodeContext, segments
 from quickdraft.server.errors import RequestError
 from quickdraft.v1 import completion_pb2 as pb
 
@@ -69,6 +70,13 @@ class PromptTokenizer:
             return tokenizer.encode_batch_fast([s], add_special_tokens=False)[0].ids
         return tokenizer.encode(s, add_special_tokens=False).ids
 
+    @functools.cached_property
+    def control_tokens(self) -> tuple[str, ...]:
+        """The strings a raw prompt's tokenization turns into control tokens:
+        the vocabulary's special added tokens (the format's, where it has none)."""
+        added = getattr(self.hf, "added_tokens_decoder", None) or {}
+        return tuple(t.content for t in added.values() if getattr(t, "special", False)) or SPECIAL_TOKENS
+
     def special(self, token: str) -> int | None:
         """Id of one special token, or None when the vocabulary lacks it."""
         if token not in self._special:
@@ -79,26 +87,36 @@ class PromptTokenizer:
         return self._special[token]
 
 
-def tokenize(tokens: PromptTokenizer, req: pb.CompleteRequest, prompt_format: str) -> list[int]:
-    """Token ids of the request's rendered prompt. User text never becomes a
-    control token (special-token parsing is off for it), except in raw mode."""
-    if req.raw_prompt:
-        return tokens.raw(req.prefix)
-    ctx = CodeContext(
+def code_context(req: pb.CompleteRequest) -> CodeContext:
+    """What the prompt format renders of a (not raw) request."""
+    return CodeContext(
         prefix=req.prefix,
         suffix=req.suffix if req.HasField("suffix") else None,
         file_path=req.file_path,
         repo_name=req.repo_name,
         context_files=[(f.path, f.content) for f in req.context_files],
     )
+
+
+def tokenize(tokens: PromptTokenizer, req: pb.CompleteRequest, prompt_format: str, memo: dict[str, list[int]] | None = None) -> list[int]:
+    """Token ids of the request's rendered prompt. User text never becomes a
+    control token (special-token parsing is off for it), except in raw mode.
+    ``memo`` (user text -> its ids) is read and filled: prompt fitting
+    measures the pieces it cuts once (server/prompt_fitting.py)."""
+    if req.raw_prompt:
+        return tokens.raw(req.prefix)
     ids: list[int] = []
-    for special, text in segments(ctx, prompt_format):
+    for special, text in segments(code_context(req), prompt_format):
         if special:
             tid = tokens.special(text)
             if tid is None:
                 raise RequestError("INTERNAL", f"the model's tokenizer has no {text!r} token, which prompt format {prompt_format!r} (the preset's) needs; "
                                                "use the preset of the model's family, or send raw_prompt")
             ids.append(tid)
-        else:
+        elif memo is None:
             ids.extend(tokens.text(text))
+        else:
+            if text not in memo:
+                memo[text] = tokens.text(text)
+            ids.extend(memo[text])
     return ids

@@ -1,9 +1,10 @@
 """Checking a CompleteRequest's fields against the API's rules and the
 configured limits, before any tokenizer runs.
 
-Every refusal is a ``RequestError`` that names the field and the limit. The
-prompt's length in tokens is checked where it is known, in
-``preparation.prepare``.
+Every refusal is a ``RequestError`` that names the field and the limit. A
+prompt over its budget is refused here only with ``strict_prompt``; otherwise
+``prompt_fitting`` cuts it, by characters before any tokenizer runs, then by
+tokens where they are known.
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ def check(req: pb.CompleteRequest, cfg: QuickdraftConfig) -> None:
     if size > lim.max_request_bytes:
         raise invalid(None, f"request is {size} bytes; the limit is limits.max_request_bytes = {lim.max_request_bytes}")
     chars = prompt_chars(req)
-    if chars > cfg.max_prompt_chars():
+    if req.strict_prompt and chars > cfg.max_prompt_chars():
         # Refused here, before any tokenizer runs: a prompt this long costs the
         # tokenizer real time, and cannot fit max_prompt_tokens anyway.
         raise invalid("prefix", f"the prompt is {chars} characters; the limit is limits.max_prompt_chars = {cfg.max_prompt_chars()}, "
                                 f"far past limits.max_prompt_tokens = {cfg.max_prompt_tokens()} "
-                                f"(aim for GetServerInfo.limits.prompt_budget_tokens = {cfg.prompt_budget_tokens()} tokens)")
+                                f"(aim for GetServerInfo.limits.prompt_budget_tokens = {cfg.prompt_budget_tokens()} tokens); "
+                                "strict_prompt is set, so the server does not cut it")
     if len(req.request_id) > MAX_REQUEST_ID:
         raise invalid("request_id", f"{len(req.request_id)} characters; at most {MAX_REQUEST_ID}")
     if not req.request_id.isprintable():

@@ -13,6 +13,7 @@ import functools
 import logging
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,6 +38,19 @@ FINISH_REASONS = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENG
 
 
 @dataclass
+class DecodeMeter:
+    """Decode time and tokens summed over every stream, which the controller
+    reads in windows (server/controller/measured.py): per stream, the time
+    between two outputs and the tokens the second carried, i.e. the
+    benchmarks' token-weighted TPOT, measured on the serving path."""
+
+    decode_seconds: float = 0.0
+    decode_tokens: int = 0
+    first_tokens: deque = field(default_factory=lambda: deque(maxlen=1024))
+    """(latency class, TTFT seconds, perf_counter time) of recent first tokens."""
+
+
+@dataclass
 class Timing:
     """Server-side clock of one request (perf_counter seconds)."""
 
@@ -45,12 +59,20 @@ class Timing:
     last: float | None = None
     tokens: int = 0
     running_at_first: int = 0  # the engine's running requests at the first token: the load TTFT met
+    meter: DecodeMeter | None = None
+    latency_class: str = "inline"
 
     def add(self, n: int, now: float) -> None:
         if n <= 0:
             return
+        meter = self.meter
         if self.first is None:
             self.first = now
+            if meter is not None:
+                meter.first_tokens.append((self.latency_class, now - self.arrival, now))
+        elif meter is not None:
+            meter.decode_seconds += now - self.last
+            meter.decode_tokens += n
         self.last = now
         self.tokens += n
 
@@ -137,6 +159,7 @@ class CompletionService:
         self.admission = admission or Admission(cfg.limits.max_concurrent_streams, cfg.limits.max_streams_per_client)
         self.tokenizer_pool = TokenizerPool(cfg.limits.tokenizer_threads, cfg.limits.tokenizer_share)
         self.observers = Observers()
+        self.meter = DecodeMeter()
 
     def stop_accepting(self) -> None:
         """Shutdown: new streams are refused (UNAVAILABLE); open ones run on."""
@@ -163,7 +186,7 @@ class CompletionService:
         cancelled caller (task cancellation or generator close) aborts the
         engine request at once.
         """
-        timing = Timing(arrival=time.perf_counter())
+        timing = Timing(arrival=time.perf_counter(), meter=self.meter)
         trace_context = self.telemetry.trace_context(headers or {})
         client = client if isinstance(client, Client) else Client(client)
         try:
@@ -172,17 +195,18 @@ class CompletionService:
                     prepared = await prepare_off_loop(req, self.cfg, engine.prompt_tokens, self.tokenizer_pool, client.key)
                     # aclosing: when our caller closes us, the inner stream closes (and
                     # aborts the engine request) now, not when it is garbage-collected.
-                    async with contextlib.aclosing(self._stream(engine, prepared, timing, trace_context, client.user)) as stream:
+                    async with contextlib.aclosing(self._stream(engine, prepared, timing, trace_context, client.user, req.language_id)) as stream:
                         async for msg in stream:
                             yield msg
         except RequestError as e:
             self.telemetry.reject(e.code, user=client.user)
             raise
 
-    async def _stream(self, engine, prepared, timing: Timing, trace_context, user: str) -> AsyncIterator[pb.CompleteResponse]:
+    async def _stream(self, engine, prepared, timing: Timing, trace_context, user: str, language: str = "") -> AsyncIterator[pb.CompleteResponse]:
         engine_id = f"{prepared.request_id}-{uuid.uuid4().hex[:8]}"
         sampling = prepared.sampling.to_vllm(engine.stop_token_ids)
         started_spec, started_switches = engine.spec, engine.switches  # a live switch may change them mid-request
+        timing.latency_class = prepared.latency_class
         # vLLM without per-request counters (0.24): the engine's over this request's life instead.
         window = None if getattr(engine, "per_request_metrics", True) else dataclasses.replace(
             engine.snapshot, accepted_per_position=list(engine.snapshot.accepted_per_position))
@@ -232,6 +256,7 @@ class CompletionService:
                 e2e_ms=((timing.last or time.perf_counter()) - timing.arrival) * 1000,
                 speculative=spec,
                 request_id=prepared.request_id,
+                prompt_fit=prepared.prompt_fit,
             )
             yield pb.CompleteResponse(final=final)
         finally:
@@ -255,6 +280,8 @@ class CompletionService:
                 num_drafts=spec.num_drafts,
                 running_at_first_token=timing.running_at_first,
                 user=user,
+                request_id=prepared.request_id,  # outcome reports (server/outcomes.py) name it
+                language=language,
             )
             self.telemetry.record(record)
             self.observers(record, spec)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -380,3 +381,37 @@ def test_observations_are_recorded_for_replay_when_asked(tmp_path):
     assert len(seen) == len(lines) == 2
     assert [Observation.from_dict(d["observation"]) for d in lines] == seen
     assert seen[0].config.enabled and seen[0].num_drafts > 0  # the speculative counters survive the round trip
+
+
+def test_a_live_engine_is_measured_in_windows_and_a_probe_is_a_live_switch(tmp_path):
+    """The loop hands the controller what was served since the last tick:
+    decode time over decode tokens from the serving path, the time-weighted
+    running requests from the engine; the controller then probes another K live."""
+    async def run():
+        cfg, manager, service, loop, made = make(tmp_path, **{"controller.measure.window_s": "0.2"})
+        await manager.start(SpecConfig(True, 5))
+        loop._task = None
+        engine = made[0]
+        engine.snapshot.running = 8
+        await loop.tick()  # opens the first window
+        assert loop.ctl.measuring and loop.ctl.measured.windows == 0
+        service.meter.decode_seconds += 8 * 0.25
+        service.meter.decode_tokens += 1000
+        engine.snapshot.running_seconds += 8 * 0.25
+        service.meter.first_tokens.append(("inline", 0.05, time.perf_counter()))
+        await asyncio.sleep(0.25)
+        await loop.tick()
+        state = loop.state_proto()
+        await manager.stop()
+        return loop, engine, state
+
+    loop, engine, state = asyncio.run(run())
+    mp = loop.ctl.measured
+    assert mp.windows == 1 and mp.discarded == 0
+    assert 2 <= mp.level <= mp.table.level(8), "about 8 running requests over a window of at least 0.25 s"
+    (cell,) = mp.table.cells.values()
+    assert abs(cell.decode_tpot_s - 2.0 / 1000) < 1e-12 and list(cell.ttft["inline"]) == [0.05]
+    assert engine.spec != SpecConfig(True, 5) and engine.spec.parallel, "the probe was not made"
+    assert loop._window is None, "a switch must start a new window"
+    assert state.measuring and state.measured[0].config == "parallel K=5" and state.live_switches == 1
+    assert len(state.live_switch_ms) == 1

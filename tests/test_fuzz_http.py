@@ -59,8 +59,10 @@ NUMBERS = [
 KNOWN = [
     "model", "prompt", "suffix", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
     "stream", "stream_options", "n", "best_of", "echo", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
-    "logit_bias", "tools", "functions", "tool_choice", "response_format", "user", "metadata",
+    "logit_bias", "tools", "functions", "tool_choice", "response_format", "user", "metadata", "strict_prompt",
 ]
+CODE_LINES = ["def f(x):\n", "    return x + 1\n", "value = compute(alpha, beta)  # note\n", "\n", "print(value)\n", "class A:\n"]
+PROMPT_CHARS = load_config(env={}).max_prompt_chars()
 
 
 class Raw(str):
@@ -153,6 +155,8 @@ class Case:
     # (status, words its error message must hold) when only one answer is right.
     expect: tuple[int, str] | None = None
     stream: bool = False
+    # A prompt over the budget that must be cut to fit and answered.
+    cut: bool = False
     notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
@@ -165,8 +169,8 @@ def make_case(number: int, rng: random.Random, max_body: int) -> Case:
     in one way whose answer is known, the rest anything at all."""
     path = rng.choice(POST_PATHS)
     case = Case(number, "POST", path, {**AUTH, "Content-Type": JSON_TYPE})
-    kind = rng.choices(["json", "raw", "deep", "values", "digits", "utf8", "oversized", "method", "path", "content_type", "auth", "get"],
-                       weights=[50, 8, 4, 3, 4, 4, 3, 5, 3, 6, 3, 4])[0]
+    kind = rng.choices(["json", "raw", "deep", "values", "digits", "utf8", "oversized", "method", "path", "content_type", "auth", "get", "long"],
+                       weights=[50, 8, 4, 3, 4, 4, 3, 5, 3, 6, 3, 4, 4])[0]
     body = json_body(rng, chat=path.endswith("chat/completions"))
     case.body = dump(body).encode("utf-8", "surrogatepass")  # surrogates are escapes by now; this never fires
     case.stream = body.get("stream") is True
@@ -220,15 +224,43 @@ def make_case(number: int, rng: random.Random, max_body: int) -> Case:
         else:
             case.headers["Authorization"] = rng.choice(["Bearer wrong", "Bearer", "bearer " + TOKEN, TOKEN, "Basic eDp5", "Bearer " + TOKEN + " "])
         case.expect = (401, "bearer token")
+    elif kind == "long":
+        long_prompt(case, rng)
     elif kind == "get":
         case.method = rng.choice(["GET", "POST"])
         case.path = rng.choice(GET_PATHS)
         case.expect = (200, "") if case.method == "GET" else (405, case.path)
     if rng.random() < 0.05:
         case.headers["X-Request-Id"] = rng.choice(["r" * 300, "a\tb", "id-ü", "ok-1", ""]).encode("latin-1")
+        if kind == "long":  # the id may be refused first
+            case.expect, case.cut = None, False
     if rng.random() < 0.03:
         case.headers["X-Forwarded-For"] = "10.0.0.1"
     return case
+
+
+def long_prompt(case: Case, rng: random.Random) -> None:
+    """Code over limits.max_prompt_chars: cut to fit and answered, unless
+    strict_prompt is set or it is the client's own template (a chat, a FIM
+    prompt with control tokens), which are refused naming why."""
+    n = rng.randint(PROMPT_CHARS + 1, 3 * PROMPT_CHARS)
+    code = "".join(rng.choice(CODE_LINES) for _ in range(n // 8))[:n]
+    strict = rng.random() < 0.3
+    body: dict[str, Any] = {"model": "embedded", "max_tokens": rng.randint(1, 8), "strict_prompt": True if strict else rng.choice([False, None])}
+    if case.path.endswith("chat/completions"):
+        body["messages"] = [{"role": "user", "content": code}]
+        case.expect = (400, "strict_prompt is set" if strict else "control tokens")
+    else:
+        templated = rng.random() < 0.3
+        body["prompt"] = f"<|fim_prefix|>{code}<|fim_suffix|><|fim_middle|>" if templated else code
+        if not templated and rng.random() < 0.4:
+            body["suffix"] = code[: n // 3]
+        case.expect = (400, "strict_prompt is set") if strict else (400, "control tokens") if templated else (200, "")
+        case.cut = not (strict or templated)
+    if rng.random() < 0.3:
+        body["stream"] = True
+    case.stream = body.get("stream") is True
+    case.body = dump(body).encode()
 
 
 async def chunks(data: bytes) -> AsyncIterator[bytes]:
@@ -269,8 +301,12 @@ def problems(case: Case, r: httpx.Response) -> list[str]:
         if case.stream:
             if not (r.headers["content-type"].startswith("text/event-stream") and r.content.endswith(b"data: [DONE]\n\n")):
                 out.append(f"stream not ended by [DONE]: {r.content[-200:]!r}")
+            if case.cut and b'"prompt_fit":{"truncated":true' not in r.content:
+                out.append("a prompt over the budget streamed without saying what was cut")
         elif "choices" not in r.json():
             out.append(f"200 without choices: {r.content[:200]!r}")
+        elif case.cut and not r.json()["quickdraft"]["prompt_fit"]["truncated"]:
+            out.append("a prompt over the budget answered without saying what was cut")
     return out
 
 

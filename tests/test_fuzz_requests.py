@@ -5,7 +5,9 @@ model's real tokenizer; no engine.
 The contract: every CompleteRequest either prepares into engine input that
 vLLM accepts, or is refused with RequestError("INVALID_ARGUMENT") whose
 message names a field that is actually wrong. Nothing else escapes, and no
-message echoes the caller's code.
+message echoes the caller's code. A prompt over the budget is cut to fit
+(server/prompt_fitting.py), so it is refused only where the server may not
+cut it: with strict_prompt, or a raw prompt holding control tokens.
 
 An independent oracle (``violations``) states the rules from the API's
 documented limits; the properties compare the server against it.
@@ -65,7 +67,8 @@ def optional_float():
     )
 
 
-FIELDS = ["request_id", "prefix", "suffix", "file_path", "repo_name", "max_tokens", "latency_class", "raw_prompt", "context_files", "stop", "temperature", "top_p", "seed"]
+FIELDS = ["request_id", "prefix", "suffix", "file_path", "repo_name", "max_tokens", "latency_class", "raw_prompt", "context_files", "stop", "temperature", "top_p", "seed",
+          "strict_prompt"]
 
 
 def printable(max_size: int):
@@ -89,6 +92,7 @@ def requests(draw) -> pb.CompleteRequest:
         max_tokens=pick("max_tokens", st.integers(0, LIM.max_output_tokens), st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-2, LIM.max_output_tokens + 2))),
         latency_class=pick("latency_class", st.integers(0, 3), st.integers(-(2**31), 2**31 - 1)),
         raw_prompt=pick("raw_prompt", st.just(False), st.booleans()),
+        strict_prompt=pick("strict_prompt", st.booleans(), st.booleans()),
     )
     if pick("suffix", st.booleans(), st.booleans()):
         req.suffix = draw(odd_text())
@@ -134,7 +138,7 @@ def violations(req: pb.CompleteRequest) -> set[str]:
     v: set[str] = set()
     if req.ByteSize() > LIM.max_request_bytes:
         v.add("max_request_bytes")
-    if len(req.prefix) + len(req.suffix) + sum(len(f.content) for f in req.context_files) > CFG.max_prompt_chars():
+    if len(req.prefix) + len(req.suffix) + sum(len(f.content) for f in req.context_files) > CFG.max_prompt_chars() and not may_cut(req):
         v.add("max_prompt_chars")
     if len(req.request_id) > MAX_REQUEST_ID or not req.request_id.isprintable():
         v.add("request_id")
@@ -159,6 +163,26 @@ def violations(req: pb.CompleteRequest) -> set[str]:
     if req.latency_class not in (0, 1, 2, 3):
         v.add("latency_class")
     return v
+
+
+def has_control_tokens(text: str) -> bool:
+    return any(t in text for t in SPECIAL_TOKENS)
+
+
+def may_cut(req: pb.CompleteRequest) -> bool:
+    """Whether the server cuts this request's prompt to fit rather than refuse it."""
+    return not req.strict_prompt and not (req.raw_prompt and has_control_tokens(req.prefix))
+
+
+def assert_refused_for_its_tokens(req: pb.CompleteRequest, message: str, tokens: PromptTokenizer, cfg=CFG) -> None:
+    """A refusal no field explains: too long where the server may not cut
+    (or file_path and repo_name alone over the budget), or nothing to send."""
+    ids = tokenize(tokens, req, cfg.preset.prompt_format)
+    if len(ids) > cfg.max_prompt_tokens():
+        assert "max_prompt_tokens" in message, message
+        assert not may_cut(req) or "file_path" in message, f"refused a prompt the server should have cut: {message}"
+    else:
+        assert not ids and message.startswith("prefix"), message
 
 
 # One per tokenizer, as the engine keeps one.
@@ -195,9 +219,11 @@ def assert_prepared_is_sound(req: pb.CompleteRequest, p: PreparedRequest, tokeni
         assert s.max_tokens == max(1, min(LIM.default_max_tokens, max_len - p.prompt_tokens))
     assert 0 < len(p.request_id) <= MAX_REQUEST_ID and p.request_id.isprintable()
     assert re.fullmatch(r"[0-9a-f]{12}", p.prompt_sha)
+    assert not p.prompt_fit.truncated or may_cut(req), "cut a prompt the client asked to be refused"
     # User text never becomes a control token: only the template's own ones appear.
     if not req.raw_prompt:
-        ctx = CodeContext(req.prefix, req.suffix if req.HasField("suffix") else None, req.file_path, req.repo_name, [(f.path, f.content) for f in req.context_files])
+        kept_files = [(f.path, f.content) for f in req.context_files][p.prompt_fit.context_files_dropped :]
+        ctx = CodeContext(req.prefix, req.suffix if req.HasField("suffix") else None, req.file_path, req.repo_name, kept_files)
         template_specials = sum(1 for special, _ in segments(ctx, CFG.preset.prompt_format) if special)
         specials = _special_ids(tokenizer)
         assert sum(1 for i in p.prompt_token_ids if i in specials) == template_specials
@@ -219,11 +245,7 @@ def check_one(req: pb.CompleteRequest, tokenizer, sampling_params) -> str:
             assert any(field in e.message for field in expected), f"message {e.message!r} names none of {sorted(expected)}"
         else:
             # Only the tokenizer-dependent rules remain: too long, or nothing to send.
-            ids = tokenize(prompt_tokens_of(tokenizer), req, CFG.preset.prompt_format)
-            if len(ids) > CFG.max_prompt_tokens():
-                assert "max_prompt_tokens" in e.message
-            else:
-                assert not ids and e.message.startswith("prefix"), e.message
+            assert_refused_for_its_tokens(req, e.message, prompt_tokens_of(tokenizer))
         event("refused: " + (e.message.split(":")[0].split(" ")[0]))
         return "refused"
     assert not expected, f"accepted a request that violates {sorted(expected)}"
@@ -251,10 +273,12 @@ def test_every_request_prepares_or_is_refused_naming_the_field(req, tokenizer, s
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=st.text(min_size=1, max_size=30), repeat=st.integers(1, 3000), max_tokens=st.integers(0, LIM.max_output_tokens), raw=st.booleans())
-def test_prompts_near_the_context_window(text, repeat, max_tokens, raw, tokenizer, sampling_params):
-    """Long prompts: refused naming max_prompt_tokens, or prepared with max_tokens cut to the window."""
-    req = pb.CompleteRequest(prefix=text * repeat, max_tokens=max_tokens, raw_prompt=raw)
+@given(text=st.text(min_size=1, max_size=30), repeat=st.integers(1, 3000), max_tokens=st.integers(0, LIM.max_output_tokens), raw=st.booleans(),
+       strict=st.booleans())
+def test_prompts_near_the_context_window(text, repeat, max_tokens, raw, strict, tokenizer, sampling_params):
+    """Long prompts: cut to fit, or refused naming the limit (strict, or raw
+    with control tokens); prepared with max_tokens cut to the window."""
+    req = pb.CompleteRequest(prefix=text * repeat, max_tokens=max_tokens, raw_prompt=raw, strict_prompt=strict)
     assume(req.ByteSize() <= LIM.max_request_bytes)
     check_one(req, tokenizer, sampling_params)
 

@@ -183,11 +183,13 @@ class CountingTokens:
 
     def __init__(self, block_s: float = 0.0):
         self.calls = 0
+        self.longest = 0
         self.threads: set[str] = set()
         self.block_s = block_s
 
     def text(self, s):
         self.calls += 1
+        self.longest = max(self.longest, len(s))
         self.threads.add(threading.current_thread().name)
         if self.block_s:
             time.sleep(self.block_s)  # holds the GIL-free wait a Rust tokenizer would
@@ -213,19 +215,38 @@ def service_with(tokens: CountingTokens, **limits):
 
 
 def test_a_prompt_over_max_prompt_chars_is_refused_before_any_tokenizer_runs():
+    """With strict_prompt: refused by its size alone."""
     tokens = CountingTokens()
 
     async def run():
         cfg, manager, service = service_with(tokens)
         await manager.start(SpecConfig.off())
         with pytest.raises(RequestError) as err:
-            [m async for m in service.complete(pb.CompleteRequest(prefix="x" * (cfg.max_prompt_chars() + 1)), "c")]
+            [m async for m in service.complete(pb.CompleteRequest(prefix="x" * (cfg.max_prompt_chars() + 1), strict_prompt=True), "c")]
         return cfg, err.value
 
     cfg, err = asyncio.run(run())
     assert err.code == "INVALID_ARGUMENT" and "limits.max_prompt_chars" in err.message and "max_prompt_tokens" in err.message
+    assert "strict_prompt" in err.message
     assert tokens.calls == 0
     assert cfg.max_prompt_chars() == cfg.max_prompt_tokens() * 8
+
+
+def test_a_prompt_over_max_prompt_chars_is_cut_before_any_tokenizer_sees_it():
+    """Without strict_prompt: cut to max_prompt_chars by characters first, so
+    the tokenizer never sees more than that, however long the request."""
+    tokens = CountingTokens()
+
+    async def run():
+        cfg, manager, service = service_with(tokens)
+        await manager.start(SpecConfig.off())
+        prefix = "value = compute(alpha, beta)\n" * (cfg.limits.max_request_bytes // 40)
+        msgs = [m async for m in service.complete(pb.CompleteRequest(prefix=prefix, suffix=prefix[:50_000]), "c")]
+        return cfg, msgs[-1].final
+
+    cfg, final = asyncio.run(run())
+    assert 0 < tokens.longest <= cfg.max_prompt_chars()
+    assert final.prompt_fit.truncated and 0 < final.prompt_tokens <= cfg.max_prompt_tokens()
 
 
 def test_a_long_prompt_is_tokenized_off_the_event_loop():

@@ -229,6 +229,40 @@ async def test_chat_stream_and_body(api):
     assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].object == "chat.completion.chunk"
 
 
+async def test_an_oversized_prompt_completes_and_says_what_was_cut(api):
+    limit = api.serving.cfg.max_prompt_tokens()
+    c = api.client()
+    r = await c.completions.create(model="embedded", prompt="x = 1\n" * 3000 + "y = ", max_tokens=4)  # over max_prompt_chars too
+    fit = r.model_extra["quickdraft"]["prompt_fit"]
+    assert fit["truncated"] and fit["prefix_chars_cut"] > 0 and fit["prompt_tokens_cut"] > 0
+    ids = api.engine.calls[-1][0]
+    assert len(ids) == r.usage.prompt_tokens <= limit
+    assert TOKENIZER.decode(ids).endswith("x = 1\ny = "), "the text nearest the cursor is kept"
+    stream = await c.completions.create(model="embedded", prompt="a = 1\n" * 2000, suffix="print(a)\n" * 1000, max_tokens=4, stream=True)
+    chunks = [x async for x in stream]
+    fit = chunks[-1].model_extra["quickdraft"]["prompt_fit"]
+    assert fit["prefix_chars_cut"] > 0 and fit["suffix_chars_cut"] > 0
+    ids = api.engine.calls[-1][0]
+    assert len(ids) <= limit and ids[0] == VOCAB["<|fim_prefix|>"] and ids[-1] == VOCAB["<|fim_middle|>"]
+    small = await c.completions.create(model="embedded", prompt="x = ", max_tokens=4)
+    assert small.model_extra["quickdraft"]["prompt_fit"] == {"truncated": False, "prefix_chars_cut": 0, "suffix_chars_cut": 0,
+                                                             "context_files_dropped": 0, "prompt_tokens_cut": 0}
+
+
+async def test_strict_prompts_and_chats_over_the_budget_are_refused_naming_why(api):
+    c = api.client()
+    with pytest.raises(openai.BadRequestError) as err:
+        await c.completions.create(model="embedded", prompt="1," * 2000, max_tokens=4, extra_body={"strict_prompt": True})
+    message = err.value.body["message"]
+    assert err.value.param == "prompt" and message.startswith("prompt: ")
+    assert "limits.max_prompt_tokens" in message and "strict_prompt is set" in message
+    # A chat is the client's own rendering (control tokens): the server does not cut it.
+    with pytest.raises(openai.BadRequestError) as err:
+        await c.chat.completions.create(model="embedded", messages=[{"role": "user", "content": "1," * 2000}], max_tokens=4)
+    assert err.value.param == "messages" and "control tokens" in err.value.body["message"]
+    assert not api.engine.calls
+
+
 async def test_models_and_health(api):
     models = await api.client().models.list()
     assert [m.id for m in models.data] == ["embedded"]
@@ -270,7 +304,8 @@ async def test_health_is_503_until_the_engine_serves():
         (dict(extra_body={"stop": [1]}), "stop"),
         (dict(extra_body={"suffix": 3}), "suffix"),
         (dict(stream_options={"include_usage": True}), "stream_options"),
-        (dict(prompt="x = 1\n" * 3000), "prompt"),
+        (dict(prompt="x = 1\n" * 3000, extra_body={"strict_prompt": True}), "prompt"),
+        (dict(extra_body={"strict_prompt": "yes"}), "strict_prompt"),
     ],
 )
 async def test_bad_completion_parameters_are_named(api, fields, param):

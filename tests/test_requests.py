@@ -95,7 +95,8 @@ def test_prepare_defaults_and_clamps(tok, tokens, cfg):
         (pb.CompleteRequest(prefix="x", latency_class=9), "latency_class"),
         (pb.CompleteRequest(prefix="x", suffix="y", raw_prompt=True), "raw_prompt"),
         (pb.CompleteRequest(prefix="x" * 2_000_000), "max_request_bytes"),
-        (pb.CompleteRequest(prefix="word " * 3000), "max_prompt_tokens"),
+        (pb.CompleteRequest(prefix="1," * 1200, strict_prompt=True), "max_prompt_tokens"),
+        (pb.CompleteRequest(prefix="word " * 3000, strict_prompt=True), "max_prompt_chars"),
     ],
 )
 def test_bad_requests_name_the_field(tok, tokens, cfg, req, fragment):

@@ -126,7 +126,8 @@ console.log(JSON.stringify({
 
 EXTENSION_HARNESS = FAKE_CONFIGURATION + """
 const Module = require('module');
-const listeners = { trust: [], config: [] };
+const listeners = { trust: [], config: [], changes: [], selections: [] };
+const commands = {};
 const status = { show() {}, dispose() {} };
 const vscode = {
   StatusBarAlignment: { Left: 1, Right: 2 },
@@ -134,27 +135,30 @@ const vscode = {
     createOutputChannel: () => ({ info() {}, error() {}, warn() {}, show() {}, appendLine() {}, dispose() {} }),
     createStatusBarItem: () => status,
     showWarningMessage: async () => undefined,
+    onDidChangeTextEditorSelection: (f) => (listeners.selections.push(f), { dispose() {} }),
   },
-  commands: { registerCommand: () => ({ dispose() {} }) },
+  commands: { registerCommand: (name, f) => ((commands[name] = f), { dispose() {} }) },
   workspace: {
     isTrusted: false,
     workspaceFolders: [{ uri: { fsPath: '/repo' } }],
     getConfiguration: () => configuration,
     onDidGrantWorkspaceTrust: (f) => (listeners.trust.push(f), { dispose() {} }),
     onDidChangeConfiguration: (f) => (listeners.config.push(f), { dispose() {} }),
+    onDidChangeTextDocument: (f) => (listeners.changes.push(f), { dispose() {} }),
   },
 };
 const clients = [];
 class LanguageClient {
   constructor(id, name, serverOptions, clientOptions) {
-    Object.assign(this, { serverOptions, clientOptions, sent: [], running: false, stopped: false });
+    Object.assign(this, { serverOptions, clientOptions, sent: [], features: [], running: false, stopped: false });
     clients.push(this);
   }
+  registerFeature(feature) { this.features.push(feature); }
   onNotification() {}
   async start() { this.running = true; }
   async stop() { this.running = false; this.stopped = true; }
   isRunning() { return this.running; }
-  async sendNotification(type, params) { this.sent.push({ method: type.method, params }); }
+  async sendNotification(type, params) { this.sent.push({ method: typeof type === 'string' ? type : type.method, params }); }
 }
 const languageclient = { LanguageClient, DidChangeConfigurationNotification: { type: { method: 'workspace/didChangeConfiguration' } } };
 const load = Module._load;

@@ -19,6 +19,10 @@ def _yes(v) -> str:
     return "-" if v is None else ("yes" if v else "**no**")
 
 
+def _quantile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
 def _n(v) -> str:
     return "?" if v is None else str(v)
 
@@ -72,6 +76,12 @@ def markdown(doc: dict) -> str:
                   f"| requests failed during rebuilds (target 0) | {acc['failed_during_rebuilds']}{' ✓' if acc['failed_during_rebuilds'] == 0 else ''} "
                   f"(failed in all phases: {acc['failed']}, of which {acc.get('refused_as_invalid', 0)} refused as invalid, "
                   "e.g. a prompt over the limit, as on every config) |"]
+        switch_ms = sorted(x for r in doc["runs"] if r.get("mode") == "controller"
+                           for x in (r.get("server") or {}).get("live_switch_ms") or ())
+        if switch_ms:
+            lines.append(f"| live switches on the controller's server (pins included; the last 1,000) | {len(switch_ms)}: round trip "
+                         f"p50 {_fmt(_quantile(switch_ms, 0.5))} ms, p99 {_fmt(_quantile(switch_ms, 0.99))} ms, "
+                         f"max {_fmt(switch_ms[-1])} ms |")
         if v.get("ttft_slo_s") is not None:
             vs_f = t.get("within_tolerance_vs_feasible_every_phase")
             miss_f = ", ".join(f"phase {r['phase'] + 1} {_pct(r['regret_vs_feasible'])}" for r in per if r.get("within_tolerance_vs_feasible") is False)

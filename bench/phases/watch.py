@@ -36,6 +36,7 @@ class ServerWatch:
         self.reads: list[dict] = []  # {"tag", "t", "enabled", "engine_rebuilds", "active"}
         self.decisions: dict[tuple, dict] = {}
         self.errors: list[str] = []
+        self.live_switch_ms: list[float] = []  # the server's recent live switches, at the latest read
         self._client = None
 
     def t(self) -> float:
@@ -77,6 +78,7 @@ class ServerWatch:
             self._error(f"GetControllerState ({tag})", e)
             return
         self.reads.append({"tag": tag, "t": round(t0, 3), "enabled": st.enabled, "engine_rebuilds": st.engine_rebuilds, "active": spec_label(st.active)})
+        self.live_switch_ms = [round(x, 3) for x in st.live_switch_ms]
         for d in st.decisions:
             key = (round(d.unix_time, 3), d.action, d.to_config)
             self.decisions.setdefault(key, {"t": round(d.unix_time - self.origin_unix, 3), "action": d.action, "from": d.from_config, "to": d.to_config, "reason": d.reason})
@@ -110,4 +112,5 @@ class ServerWatch:
             "controller_reads": self.reads,
             "decisions": sorted(self.decisions.values(), key=lambda d: d["t"]),
             "errors": self.errors,
+            "live_switch_ms": self.live_switch_ms,
         }

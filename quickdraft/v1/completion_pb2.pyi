@@ -20,6 +20,27 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORTED: _ClassVar[FinishReason]
+
+class OutcomeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTCOME_KIND_UNSPECIFIED: _ClassVar[OutcomeKind]
+    OUTCOME_KIND_SHOWN: _ClassVar[OutcomeKind]
+    OUTCOME_KIND_ACCEPTED: _ClassVar[OutcomeKind]
+    OUTCOME_KIND_REJECTED: _ClassVar[OutcomeKind]
+
+class Acceptance(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACCEPTANCE_UNSPECIFIED: _ClassVar[Acceptance]
+    ACCEPTANCE_WHOLE: _ClassVar[Acceptance]
+    ACCEPTANCE_WORD: _ClassVar[Acceptance]
+    ACCEPTANCE_LINE: _ClassVar[Acceptance]
+
+class Rejection(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REJECTION_UNSPECIFIED: _ClassVar[Rejection]
+    REJECTION_DISMISSED: _ClassVar[Rejection]
+    REJECTION_TYPED_OVER: _ClassVar[Rejection]
+    REJECTION_REPLACED: _ClassVar[Rejection]
 LATENCY_CLASS_UNSPECIFIED: LatencyClass
 LATENCY_CLASS_INLINE: LatencyClass
 LATENCY_CLASS_CHAT: LatencyClass
@@ -28,6 +49,18 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORTED: FinishReason
+OUTCOME_KIND_UNSPECIFIED: OutcomeKind
+OUTCOME_KIND_SHOWN: OutcomeKind
+OUTCOME_KIND_ACCEPTED: OutcomeKind
+OUTCOME_KIND_REJECTED: OutcomeKind
+ACCEPTANCE_UNSPECIFIED: Acceptance
+ACCEPTANCE_WHOLE: Acceptance
+ACCEPTANCE_WORD: Acceptance
+ACCEPTANCE_LINE: Acceptance
+REJECTION_UNSPECIFIED: Rejection
+REJECTION_DISMISSED: Rejection
+REJECTION_TYPED_OVER: Rejection
+REJECTION_REPLACED: Rejection
 
 class ContextFile(_message.Message):
     __slots__ = ("path", "content")
@@ -38,7 +71,7 @@ class ContextFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
-    __slots__ = ("request_id", "prefix", "suffix", "context_files", "language_id", "file_path", "repo_name", "max_tokens", "temperature", "top_p", "stop", "seed", "latency_class", "raw_prompt")
+    __slots__ = ("request_id", "prefix", "suffix", "context_files", "language_id", "file_path", "repo_name", "max_tokens", "temperature", "top_p", "stop", "seed", "latency_class", "raw_prompt", "strict_prompt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     SUFFIX_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +86,7 @@ class CompleteRequest(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     LATENCY_CLASS_FIELD_NUMBER: _ClassVar[int]
     RAW_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    STRICT_PROMPT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prefix: str
     suffix: str
@@ -67,7 +101,8 @@ class CompleteRequest(_message.Message):
     seed: int
     latency_class: LatencyClass
     raw_prompt: bool
-    def __init__(self, request_id: _Optional[str] = ..., prefix: _Optional[str] = ..., suffix: _Optional[str] = ..., context_files: _Optional[_Iterable[_Union[ContextFile, _Mapping]]] = ..., language_id: _Optional[str] = ..., file_path: _Optional[str] = ..., repo_name: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., latency_class: _Optional[_Union[LatencyClass, str]] = ..., raw_prompt: _Optional[bool] = ...) -> None: ...
+    strict_prompt: bool
+    def __init__(self, request_id: _Optional[str] = ..., prefix: _Optional[str] = ..., suffix: _Optional[str] = ..., context_files: _Optional[_Iterable[_Union[ContextFile, _Mapping]]] = ..., language_id: _Optional[str] = ..., file_path: _Optional[str] = ..., repo_name: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., latency_class: _Optional[_Union[LatencyClass, str]] = ..., raw_prompt: _Optional[bool] = ..., strict_prompt: _Optional[bool] = ...) -> None: ...
 
 class SpeculativeStats(_message.Message):
     __slots__ = ("enabled", "parallel_drafting", "num_speculative_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position", "mean_acceptance_length", "config", "live_switches", "config_at_end", "estimated_from_engine")
@@ -98,7 +133,7 @@ class SpeculativeStats(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., parallel_drafting: _Optional[bool] = ..., num_speculative_tokens: _Optional[int] = ..., num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., mean_acceptance_length: _Optional[float] = ..., config: _Optional[str] = ..., live_switches: _Optional[int] = ..., config_at_end: _Optional[str] = ..., estimated_from_engine: _Optional[bool] = ...) -> None: ...
 
 class CompleteFinal(_message.Message):
-    __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "speculative", "request_id")
+    __slots__ = ("finish_reason", "prompt_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "speculative", "request_id", "prompt_fit")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +142,7 @@ class CompleteFinal(_message.Message):
     E2E_MS_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIT_FIELD_NUMBER: _ClassVar[int]
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
@@ -115,7 +151,22 @@ class CompleteFinal(_message.Message):
     e2e_ms: float
     speculative: SpeculativeStats
     request_id: str
-    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., speculative: _Optional[_Union[SpeculativeStats, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    prompt_fit: PromptFit
+    def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., e2e_ms: _Optional[float] = ..., speculative: _Optional[_Union[SpeculativeStats, _Mapping]] = ..., request_id: _Optional[str] = ..., prompt_fit: _Optional[_Union[PromptFit, _Mapping]] = ...) -> None: ...
+
+class PromptFit(_message.Message):
+    __slots__ = ("truncated", "prefix_chars_cut", "suffix_chars_cut", "context_files_dropped", "prompt_tokens_cut")
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CHARS_CUT_FIELD_NUMBER: _ClassVar[int]
+    SUFFIX_CHARS_CUT_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FILES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_CUT_FIELD_NUMBER: _ClassVar[int]
+    truncated: bool
+    prefix_chars_cut: int
+    suffix_chars_cut: int
+    context_files_dropped: int
+    prompt_tokens_cut: int
+    def __init__(self, truncated: _Optional[bool] = ..., prefix_chars_cut: _Optional[int] = ..., suffix_chars_cut: _Optional[int] = ..., context_files_dropped: _Optional[int] = ..., prompt_tokens_cut: _Optional[int] = ...) -> None: ...
 
 class CompleteResponse(_message.Message):
     __slots__ = ("text", "final")
@@ -262,7 +313,7 @@ class ControllerDecision(_message.Message):
     def __init__(self, unix_time: _Optional[float] = ..., from_config: _Optional[str] = ..., to_config: _Optional[str] = ..., reason: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
 
 class ControllerState(_message.Message):
-    __slots__ = ("enabled", "active", "candidates", "decisions", "acceptance_per_position", "running_requests", "profile_path", "engine_rebuilds", "live_switches", "pinned")
+    __slots__ = ("enabled", "active", "candidates", "decisions", "acceptance_per_position", "running_requests", "profile_path", "engine_rebuilds", "live_switches", "pinned", "measuring", "measured", "live_switch_ms")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +324,9 @@ class ControllerState(_message.Message):
     ENGINE_REBUILDS_FIELD_NUMBER: _ClassVar[int]
     LIVE_SWITCHES_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
+    MEASURING_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SWITCH_MS_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     active: SpeculativeConfig
     candidates: _containers.RepeatedCompositeFieldContainer[CandidateEstimate]
@@ -283,4 +337,111 @@ class ControllerState(_message.Message):
     engine_rebuilds: int
     live_switches: int
     pinned: str
-    def __init__(self, enabled: _Optional[bool] = ..., active: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[CandidateEstimate, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[ControllerDecision, _Mapping]]] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., running_requests: _Optional[float] = ..., profile_path: _Optional[str] = ..., engine_rebuilds: _Optional[int] = ..., live_switches: _Optional[int] = ..., pinned: _Optional[str] = ...) -> None: ...
+    measuring: bool
+    measured: _containers.RepeatedCompositeFieldContainer[MeasuredTPOT]
+    live_switch_ms: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, enabled: _Optional[bool] = ..., active: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[CandidateEstimate, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[ControllerDecision, _Mapping]]] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., running_requests: _Optional[float] = ..., profile_path: _Optional[str] = ..., engine_rebuilds: _Optional[int] = ..., live_switches: _Optional[int] = ..., pinned: _Optional[str] = ..., measuring: _Optional[bool] = ..., measured: _Optional[_Iterable[_Union[MeasuredTPOT, _Mapping]]] = ..., live_switch_ms: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class MeasuredTPOT(_message.Message):
+    __slots__ = ("load", "config", "tpot_ms", "windows", "age_s")
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    load: float
+    config: str
+    tpot_ms: float
+    windows: int
+    age_s: float
+    def __init__(self, load: _Optional[float] = ..., config: _Optional[str] = ..., tpot_ms: _Optional[float] = ..., windows: _Optional[int] = ..., age_s: _Optional[float] = ...) -> None: ...
+
+class Outcome(_message.Message):
+    __slots__ = ("request_id", "kind", "shown_ms", "accepted_chars", "suggestion_chars", "acceptance", "rejection", "language_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SHOWN_MS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_CHARS_FIELD_NUMBER: _ClassVar[int]
+    SUGGESTION_CHARS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    REJECTION_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    kind: OutcomeKind
+    shown_ms: float
+    accepted_chars: int
+    suggestion_chars: int
+    acceptance: Acceptance
+    rejection: Rejection
+    language_id: str
+    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[_Union[OutcomeKind, str]] = ..., shown_ms: _Optional[float] = ..., accepted_chars: _Optional[int] = ..., suggestion_chars: _Optional[int] = ..., acceptance: _Optional[_Union[Acceptance, str]] = ..., rejection: _Optional[_Union[Rejection, str]] = ..., language_id: _Optional[str] = ...) -> None: ...
+
+class ReportOutcomesRequest(_message.Message):
+    __slots__ = ("outcomes", "request_id_prefix")
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[Outcome]
+    request_id_prefix: str
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, _Mapping]]] = ..., request_id_prefix: _Optional[str] = ...) -> None: ...
+
+class ReportOutcomesResponse(_message.Message):
+    __slots__ = ("recorded", "unknown_request_ids", "duplicates")
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    recorded: int
+    unknown_request_ids: int
+    duplicates: int
+    def __init__(self, recorded: _Optional[int] = ..., unknown_request_ids: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
+
+class GetOutcomeStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OutcomeFigures(_message.Message):
+    __slots__ = ("language", "latency_class", "speculative_config", "shown", "accepted", "partially_accepted", "rejected", "accepted_chars", "acceptance_rate", "accepted_chars_per_shown", "mean_shown_ms", "wasted_tokens_cancelled", "wasted_tokens_never_shown")
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    SHOWN_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    PARTIALLY_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_CHARS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_CHARS_PER_SHOWN_FIELD_NUMBER: _ClassVar[int]
+    MEAN_SHOWN_MS_FIELD_NUMBER: _ClassVar[int]
+    WASTED_TOKENS_CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    WASTED_TOKENS_NEVER_SHOWN_FIELD_NUMBER: _ClassVar[int]
+    language: str
+    latency_class: str
+    speculative_config: str
+    shown: int
+    accepted: int
+    partially_accepted: int
+    rejected: int
+    accepted_chars: int
+    acceptance_rate: float
+    accepted_chars_per_shown: float
+    mean_shown_ms: float
+    wasted_tokens_cancelled: int
+    wasted_tokens_never_shown: int
+    def __init__(self, language: _Optional[str] = ..., latency_class: _Optional[str] = ..., speculative_config: _Optional[str] = ..., shown: _Optional[int] = ..., accepted: _Optional[int] = ..., partially_accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., accepted_chars: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_chars_per_shown: _Optional[float] = ..., mean_shown_ms: _Optional[float] = ..., wasted_tokens_cancelled: _Optional[int] = ..., wasted_tokens_never_shown: _Optional[int] = ...) -> None: ...
+
+class OutcomeStats(_message.Message):
+    __slots__ = ("total", "groups", "unknown_request_ids", "duplicates", "reporting_sessions", "never_shown_grace_s", "since_unix_time")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    REPORTING_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    NEVER_SHOWN_GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
+    total: OutcomeFigures
+    groups: _containers.RepeatedCompositeFieldContainer[OutcomeFigures]
+    unknown_request_ids: int
+    duplicates: int
+    reporting_sessions: int
+    never_shown_grace_s: float
+    since_unix_time: float
+    def __init__(self, total: _Optional[_Union[OutcomeFigures, _Mapping]] = ..., groups: _Optional[_Iterable[_Union[OutcomeFigures, _Mapping]]] = ..., unknown_request_ids: _Optional[int] = ..., duplicates: _Optional[int] = ..., reporting_sessions: _Optional[int] = ..., never_shown_grace_s: _Optional[float] = ..., since_unix_time: _Optional[float] = ...) -> None: ...

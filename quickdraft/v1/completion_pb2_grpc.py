@@ -54,6 +54,16 @@ class CompletionStub:
                 request_serializer=quickdraft_dot_v1_dot_completion__pb2.PinSpeculationRequest.SerializeToString,
                 response_deserializer=quickdraft_dot_v1_dot_completion__pb2.PinSpeculationResponse.FromString,
                 _registered_method=True)
+        self.ReportOutcomes = channel.unary_unary(
+                '/quickdraft.v1.Completion/ReportOutcomes',
+                request_serializer=quickdraft_dot_v1_dot_completion__pb2.ReportOutcomesRequest.SerializeToString,
+                response_deserializer=quickdraft_dot_v1_dot_completion__pb2.ReportOutcomesResponse.FromString,
+                _registered_method=True)
+        self.GetOutcomeStats = channel.unary_unary(
+                '/quickdraft.v1.Completion/GetOutcomeStats',
+                request_serializer=quickdraft_dot_v1_dot_completion__pb2.GetOutcomeStatsRequest.SerializeToString,
+                response_deserializer=quickdraft_dot_v1_dot_completion__pb2.OutcomeStats.FromString,
+                _registered_method=True)
 
 
 class CompletionServicer:
@@ -64,8 +74,11 @@ class CompletionServicer:
         carries `final` (finish reason, token counts, server-side timings and the
         request's speculative decoding figures). Cancelling the call or letting
         its deadline pass aborts the request inside the engine. A prompt over
-        limits.max_prompt_tokens is INVALID_ARGUMENT with trailing metadata
-        "quickdraft-prompt-tokens" (its token count) and "quickdraft-prompt-limit".
+        the server's budget is cut to fit, keeping the text nearest the cursor,
+        and the final message says what was cut (CompleteFinal.prompt_fit).
+        With strict_prompt it is INVALID_ARGUMENT instead: over
+        limits.max_prompt_tokens with trailing metadata "quickdraft-prompt-tokens"
+        (its token count) and "quickdraft-prompt-limit".
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -97,6 +110,27 @@ class CompletionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportOutcomes(self, request, context):
+        """What became of suggestions the server wrote: shown, accepted (whole or
+        in part), rejected. Editors report them through the LSP bridge, in
+        batches. An outcome for a request id the server does not remember (or
+        that another client made) is counted, not an error. A value out of range
+        is INVALID_ARGUMENT naming the field (outcomes[i].shown_ms); a client
+        over its outcome rate is RESOURCE_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetOutcomeStats(self, request, context):
+        """Figures from those reports since the server started: acceptance rate,
+        accepted characters per shown suggestion, wasted engine tokens, by
+        language, latency class and speculative config.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CompletionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -119,6 +153,16 @@ def add_CompletionServicer_to_server(servicer, server):
                     servicer.PinSpeculation,
                     request_deserializer=quickdraft_dot_v1_dot_completion__pb2.PinSpeculationRequest.FromString,
                     response_serializer=quickdraft_dot_v1_dot_completion__pb2.PinSpeculationResponse.SerializeToString,
+            ),
+            'ReportOutcomes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportOutcomes,
+                    request_deserializer=quickdraft_dot_v1_dot_completion__pb2.ReportOutcomesRequest.FromString,
+                    response_serializer=quickdraft_dot_v1_dot_completion__pb2.ReportOutcomesResponse.SerializeToString,
+            ),
+            'GetOutcomeStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetOutcomeStats,
+                    request_deserializer=quickdraft_dot_v1_dot_completion__pb2.GetOutcomeStatsRequest.FromString,
+                    response_serializer=quickdraft_dot_v1_dot_completion__pb2.OutcomeStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -229,6 +273,60 @@ class Completion:
             '/quickdraft.v1.Completion/PinSpeculation',
             quickdraft_dot_v1_dot_completion__pb2.PinSpeculationRequest.SerializeToString,
             quickdraft_dot_v1_dot_completion__pb2.PinSpeculationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportOutcomes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quickdraft.v1.Completion/ReportOutcomes',
+            quickdraft_dot_v1_dot_completion__pb2.ReportOutcomesRequest.SerializeToString,
+            quickdraft_dot_v1_dot_completion__pb2.ReportOutcomesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetOutcomeStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/quickdraft.v1.Completion/GetOutcomeStats',
+            quickdraft_dot_v1_dot_completion__pb2.GetOutcomeStatsRequest.SerializeToString,
+            quickdraft_dot_v1_dot_completion__pb2.OutcomeStats.FromString,
             options,
             channel_credentials,
             insecure,

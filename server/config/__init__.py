@@ -23,6 +23,7 @@ from quickdraft.server.config.controller import (
     FallbackSettings,
     HysteresisSettings,
     LoadSettings,
+    MeasureSettings,
     ScheduleSettings,
     SLOSettings,
     StepModelSettings,
@@ -45,4 +46,5 @@ __all__ = [
     "SecurityConfig", "TelemetryConfig", "HttpConfig", "ControllerConfig",
     "ControllerPolicy", "ControllerSettings", "AcceptanceSettings", "StepModelSettings", "SLOSettings",
     "HysteresisSettings", "ExplorationSettings", "FallbackSettings", "LoadSettings", "ScheduleSettings",
+    "MeasureSettings",
 ]

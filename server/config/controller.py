@@ -304,6 +304,50 @@ class ScheduleSettings:
 
 
 @dataclass
+class MeasureSettings:
+    """Choosing by measurement where every candidate is a live switch away
+    (server/controller/measured.py). A probe there costs one engine step to
+    switch and one window served in the probed config, so the controller
+    measures each config at the load at hand instead of predicting it."""
+
+    enabled: bool = True
+    """Where the serving engine can switch to every candidate live, pick the
+    config with the lowest measured TPOT at the current load level, probing
+    the ones not measured there; the step and acceptance models then only
+    serve engines that need a rebuild to change. False: the models decide
+    everywhere."""
+    window_s: float = 0.5
+    """A measurement window lasts at least this long (the server's
+    controller loop ticks this often while measuring) ..."""
+    min_tokens: int = 128
+    """... and until the streams decoded this many tokens (a quiet window is
+    extended)."""
+    windows_kept: int = 4
+    """Windows kept per (load level, config); its TPOT is their token-weighted mean."""
+    levels_per_doubling: int = 2
+    """Load levels per doubling of the running requests (2: 1, 1.4, 2, 2.8, 4, ...)."""
+    stable_ratio: float = 1.4
+    """A window is discarded when its running requests (at its start, at its
+    end, and on average) spread more than this ratio: the load was moving."""
+    margin: float = 0.03
+    """Measured TPOT gain over the serving config needed to switch."""
+    confirm_within: float = 0.10
+    """A config measured in one window only, within this fraction of the
+    best, is measured in a second window before the choice (a window's
+    figure varies by a few percent)."""
+    stale_s: float = 180.0
+    """A measurement older than this no longer counts as current: a config
+    last measured within ``refresh_within`` of the best is measured again
+    (refreshed) before it can be chosen ..."""
+    refresh_within: float = 0.15
+    """... while one measured slower than that is left alone for four times
+    ``stale_s`` (or until the acceptance shifts, which clears every measurement)."""
+
+    def validate(self) -> None:
+        validation.check_measure(self)
+
+
+@dataclass
 class ControllerPolicy:
     """The policy sections: what users set under [controller] and what the
     controller receives in ControllerSettings."""
@@ -318,6 +362,7 @@ class ControllerPolicy:
     fallback: FallbackSettings = field(default_factory=FallbackSettings)
     load: LoadSettings = field(default_factory=LoadSettings)
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
 
 
 @dataclass

@@ -14,7 +14,9 @@ class LimitsConfig:
     max_streams_per_client: int = 32
     """Streams open at once per client (bearer token, or peer address)."""
     max_prompt_tokens: int | None = None
-    """Longest rendered prompt. None: model.max_model_len less 16 tokens."""
+    """Longest rendered prompt; a longer one is cut to fit, nearest the cursor
+    kept (refused, with the request's strict_prompt). None: model.max_model_len
+    less 16 tokens."""
     prompt_budget_tokens: int | None = None
     """Prompt size clients should aim for (announced in GetServerInfo). None: the preset's."""
     default_max_tokens: int = 64
@@ -30,10 +32,11 @@ class LimitsConfig:
     max_request_bytes: int = 1024 * 1024
     """Largest CompleteRequest (prefix + suffix + context files)."""
     max_prompt_chars: int | None = None
-    """Longest prompt text (prefix + suffix + context files, in characters),
-    refused before any tokenizer runs. None: max_prompt_tokens x 8 (code runs
-    3-4 characters per token, so only a prompt far over max_prompt_tokens
-    meets it)."""
+    """Longest prompt text (prefix + suffix + context files, in characters) a
+    tokenizer is handed: a longer prompt is cut to it by characters before
+    any tokenizer runs (refused, with strict_prompt). None: max_prompt_tokens
+    x 8 (code runs 3-4 characters per token, so only a prompt far over
+    max_prompt_tokens meets it)."""
     tokenizer_threads: int = 2
     """Threads that tokenize long prompts off the event loop. Each client
     runs at most one tokenization at a time; the others wait their turn."""

@@ -384,6 +384,7 @@ def _check_policy(p: ctl.ControllerPolicy) -> None:
     check_fallback(p.fallback)
     check_load(p.load)
     check_schedule(p.schedule)
+    check_measure(p.measure)
 
 
 def check_acceptance(a: ctl.AcceptanceSettings) -> None:
@@ -471,6 +472,19 @@ def check_load(ld: ctl.LoadSettings) -> None:
         raise ConfigError(f"controller.load needs 0 < fast_tau_s < slow_tau_s (fast_tau_s = {ld.fast_tau_s}, slow_tau_s = {ld.slow_tau_s})")
     _rule(ld.regime_ratio > 1.0, "controller.load.regime_ratio", ld.regime_ratio, "use a ratio > 1")
     _rule(ld.snapshot_stale_s > 0, "controller.load.snapshot_stale_s", ld.snapshot_stale_s, "use > 0 seconds")
+
+
+def check_measure(m: ctl.MeasureSettings) -> None:
+    at = "controller.measure."
+    _rule(0.05 <= m.window_s <= 60, at + "window_s", m.window_s, "use 0.05..60 seconds")
+    _rule(m.min_tokens >= 1, at + "min_tokens", m.min_tokens, "use >= 1 token")
+    _rule(1 <= m.windows_kept <= 64, at + "windows_kept", m.windows_kept, "use 1..64")
+    _rule(1 <= m.levels_per_doubling <= 8, at + "levels_per_doubling", m.levels_per_doubling, "use 1..8")
+    _rule(m.stable_ratio > 1.0, at + "stable_ratio", m.stable_ratio, "use a ratio > 1")
+    _rule(0 <= m.margin < 0.5, at + "margin", m.margin, "use a small fraction in [0, 0.5)")
+    _rule(0 <= m.confirm_within <= 1, at + "confirm_within", m.confirm_within, "use a fraction in [0, 1]")
+    _rule(m.stale_s > 0, at + "stale_s", m.stale_s, "use > 0 seconds")
+    _rule(0 <= m.refresh_within <= 1, at + "refresh_within", m.refresh_within, "use a fraction in [0, 1]")
 
 
 def check_schedule(s: ctl.ScheduleSettings) -> None:

@@ -6,6 +6,8 @@ controller ties the parts together: the policy (policy.py) picks the best
 engine setting and applies the hysteresis, exploration (exploration.py)
 probes configs the model is unsure about, safety (safety.py) makes the
 fallbacks that skip the hysteresis, and rebuild_cost.py prices a switch.
+Where every candidate is a live switch away, measured.py decides instead of
+the policy and exploration: it measures each config at the load at hand.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from .estimator import Estimator, Plan, Prediction
 from .events import EventLog
 from .exploration import Exploration
 from .load import LoadTracker
+from .measured import MeasuredPolicy, Window
 from .observation import EngineSnapshot, Observation
 from .policy import Policy, SwitchTimes, Warm, pick
 from .rebuild_cost import RebuildCost
 from .safety import Safety
-from .state import AcceptanceView, ControllerState, ExplorationView, FallbackView, LoadView
+from .state import AcceptanceView, ControllerState, ExplorationView, FallbackView, LoadView, MeasuredView
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,7 @@ class Controller:
         self.policy = Policy(st, self.rebuild)
         self.exploration = Exploration(st, self.events, now)
         self.safety = Safety(st, self.events)
+        self.measured = MeasuredPolicy(st)
         self.times = SwitchTimes(switched_at=now, decided_at=now)
         self._engine = st.initial
         self._last_good = st.initial
@@ -78,6 +82,11 @@ class Controller:
         self.estimator.observe(obs)
         self.load.observe_request(obs.batch_size, now)
         self.exploration.observe(obs)
+
+    def observe_window(self, window: Window, now: float | None = None) -> None:
+        """Record what the engine served since the last window (measured.py)."""
+        now = self.clock() if now is None else now
+        self.measured.observe(window, now)
 
     def observe_engine(self, snap: EngineSnapshot, now: float | None = None) -> None:
         """Record engine gauges (running/waiting requests, KV-cache usage)."""
@@ -153,6 +162,15 @@ class Controller:
 
     # ------------------------------------------------------------------ queries
     @property
+    def measuring(self) -> bool:
+        """Whether decisions among the settings the serving engine can switch
+        to live are made by measurement (measured.py): enabled, and at least
+        two candidates are live."""
+        live = self._warm.live
+        return (self.settings.measure.enabled and live is not None
+                and sum(1 for c in self.settings.candidates if live(c)) >= 2)
+
+    @property
     def active_engine(self) -> SpecConfig:
         """What the serving engine runs, its K schedule included."""
         return self._engine
@@ -208,16 +226,31 @@ class Controller:
         if fallback is not None:
             self.exploration.cancel()
             return self._emit(now, load, fallback, active)
-        if not est.ready:
-            return self._hold(now, load, Verdict.hold("no_data", "no measurements yet"))
-        running = self.exploration.running(now)
-        if running is not None:
-            return self._hold(now, load, running)
-        probe_note = self.exploration.finish(est, now, load)
 
         def banned(c: SpecConfig) -> bool:
             return self.safety.banned(c, now)
 
+        running = self.exploration.running(now)  # a probe on another engine runs its course
+        if self.measuring and running is None:
+            live = self._warm.live
+            assert live is not None
+            verdict = self.measured.judge(now, lambda c: banned(c) or not live(c))
+            if verdict.action != "hold":
+                return self._emit(now, load, verdict, self.measured.active_plan(now) or active)
+            if verdict.code != "best" or all(live(c) for c in st.candidates):
+                return self._hold(now, load, verdict, active)
+            # Settled among the live settings; a setting that needs another
+            # engine (another drafter, a larger K) is still the model's call.
+            live_banned = banned
+
+            def banned(c: SpecConfig) -> bool:
+                return live_banned(c) or live(c)
+
+        if not est.ready:
+            return self._hold(now, load, Verdict.hold("no_data", "no measurements yet"))
+        if running is not None:
+            return self._hold(now, load, running)
+        probe_note = self.exploration.finish(est, now, load)
         verdict = self.policy.judge(est, now, load, active, self.times, warm=self._warm, k_cap=self.safety.k_cap,
                                     banned=banned, probe_note=probe_note)
         if verdict.may_explore:
@@ -247,6 +280,8 @@ class Controller:
         other = PARALLEL if mode == AUTOREGRESSIVE else AUTOREGRESSIVE
         acceptance.forget(keep.shift_keep, modes=(mode,))
         acceptance.forget(keep.shift_keep_other, modes=(other,))
+        self.measured.table.clear()
+        self.measured.acceptance.clear()
         self.estimator.invalidate()
         self.policy.streak.reset(now)
         self.events.add(now, "acceptance_shift",
@@ -308,6 +343,10 @@ class Controller:
             switches=self.switches,
             observations=self.observations,
             profile_path=self.profile_path,
+            measuring=self.measuring,
+            measured=tuple(MeasuredView(self.measured.table.load_of(lvl), c, self.measured.tpot(c, cell), len(cell.windows),
+                                        now - cell.measured_at)
+                           for (lvl, c), cell in sorted(self.measured.table.cells.items()) if cell.windows),
         )
 
     def _acceptance_view(self, mode: Mode) -> AcceptanceView:
@@ -319,11 +358,16 @@ class Controller:
     # ------------------------------------------------------------ profiles
     def profile_dict(self) -> dict:
         """Everything a restart needs: the last good setting and the models' data."""
-        return profile.encode(self._last_good, self.estimator, self.rebuild.to_dict(), self.clock())
+        data = profile.encode(self._last_good, self.estimator, self.rebuild.to_dict(), self.clock())
+        data["measured"] = self.measured.table.to_list(self.measured.tpot)
+        return data
 
     def restore(self, data: dict) -> None:
         """Load a profile (raises ValueError if it is unusable; nothing changes then)."""
         start, estimator = profile.decode(data, self.settings)
         self.estimator = estimator
         self.rebuild.load_dict(data)
+        measured = MeasuredPolicy(self.settings)
+        measured.table.load_list(data.get("measured", []), self.clock())
+        self.measured = measured
         self._engine = self._last_good = start

@@ -61,6 +61,15 @@ class ExplorationView:
 
 
 @dataclass(frozen=True)
+class MeasuredView:
+    load: float
+    config: SpecConfig
+    tpot_s: float
+    windows: int
+    age_s: float
+
+
+@dataclass(frozen=True)
 class ControllerState:
     enabled: bool
     engine: SpecConfig
@@ -89,6 +98,10 @@ class ControllerState:
     switches: int
     observations: int
     profile_path: str
+    measuring: bool = False
+    """Whether decisions are made by measurement (measured.py)."""
+    measured: tuple[MeasuredView, ...] = ()
+    """Per (load level, config): measured TPOT, oldest levels first."""
 
     def shown_acceptance(self) -> tuple[float, ...]:
         """Marginal acceptance per draft position of the serving engine's

@@ -2,7 +2,8 @@
 connection (reading the body under a size limit, noticing a client that hangs
 up, the two response modes); the rest is ``serving``'s.
 
-Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health.
+Endpoints: /v1/completions, /v1/chat/completions, /v1/completions/outcomes
+(quickdraft's own: suggestion outcomes), /v1/models, /health.
 Whatever a client sends, the answer is a response in the OpenAI error shape;
 a 500 only for a failure of the server itself.
 """
@@ -139,6 +140,19 @@ def build_app(serving: OpenAIServing) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _complete(serving, request, chat_call)
+
+    @app.post("/v1/completions/outcomes")
+    async def completion_outcomes(request: Request) -> Response:
+        try:
+            serving.authorize(request.headers)
+            client = serving.identify(request.headers, request.client.host if request.client else None)
+            serving.check_content_type(request.headers.get("content-type"))
+            data = await _read_body(request, serving)
+            return JSONResponse(serving.report_outcomes(data, client, request.headers))
+        except ApiError as e:
+            return error_response(e)
+        except ClientDisconnect:
+            return Response(status_code=CLIENT_GONE)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

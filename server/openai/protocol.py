@@ -184,6 +184,11 @@ def _set(setter, value: Any, param: str) -> None:
         raise bad(param, f"cannot be used ({e})") from None
 
 
+def _strict_prompt(p: Params, req: pb.CompleteRequest) -> None:
+    """quickdraft's own parameter: true refuses a prompt over the budget instead of cutting it to fit."""
+    req.strict_prompt = p.flag("strict_prompt")
+
+
 def _stream_options(p: Params) -> tuple[bool, bool]:
     stream = p.flag("stream")
     options = p.get("stream_options", (dict,), "an object")
@@ -232,6 +237,7 @@ def completion_call(body: Any, bounds: Bounds = Bounds()) -> Call:
     else:
         _set(lambda v: setattr(req, "suffix", v), suffix, "suffix")
     _sampling(p, req, "max_tokens", bounds)
+    _strict_prompt(p, req)
     stream, include_usage = _stream_options(p)
     return Call(req, chat=False, stream=stream, include_usage=include_usage, names={"prefix": "prompt"})
 
@@ -291,6 +297,7 @@ def chat_call(body: Any, bounds: Bounds = Bounds()) -> Call:
     # The newer name wins, as on OpenAI.
     max_name = "max_completion_tokens" if p.data.get("max_completion_tokens") is not None else "max_tokens"
     _sampling(p, req, max_name, bounds)
+    _strict_prompt(p, req)
     stream, include_usage = _stream_options(p)
     return Call(req, chat=True, stream=stream, include_usage=include_usage, names={"prefix": "messages", "max_tokens": max_name})
 
@@ -303,9 +310,11 @@ def usage(final: pb.CompleteFinal) -> dict:
 
 
 def figures(final: pb.CompleteFinal) -> dict:
-    """The request's server timings and speculative figures (CompleteFinal's),
-    under "quickdraft": OpenAI clients ignore fields they do not know."""
+    """The request's server timings, speculative figures and prompt cut
+    (CompleteFinal's), under "quickdraft": OpenAI clients ignore fields they
+    do not know."""
     s = final.speculative
+    fit = final.prompt_fit
     return {
         "request_id": final.request_id,
         "ttft_ms": round(final.ttft_ms, 3),
@@ -320,6 +329,13 @@ def figures(final: pb.CompleteFinal) -> dict:
             "num_accepted_tokens": s.num_accepted_tokens,
             "accepted_per_position": list(s.accepted_per_position),
             "mean_acceptance_length": round(s.mean_acceptance_length, 4),
+        },
+        "prompt_fit": {
+            "truncated": fit.truncated,
+            "prefix_chars_cut": fit.prefix_chars_cut,
+            "suffix_chars_cut": fit.suffix_chars_cut,
+            "context_files_dropped": fit.context_files_dropped,
+            "prompt_tokens_cut": fit.prompt_tokens_cut,
         },
     }
 

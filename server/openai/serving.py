@@ -15,9 +15,11 @@ from typing import Any, AsyncIterator, Callable, Mapping
 from quickdraft.server.admission import ANONYMOUS, Client
 from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.errors import RequestError
-from quickdraft.server.frontend import Auth, http_peer_host
+from quickdraft.server.frontend import Auth, http_peer_host, http_status
 from quickdraft.server.openai.json_body import parse_body
+from quickdraft.server.openai.outcomes import outcomes_body, outcomes_request
 from quickdraft.server.openai.protocol import REQUEST_ID_HEADER, SSE_DONE, ApiError, Bounds, Call, Reply, bad, preview, sse
+from quickdraft.server.outcomes import OutcomeBook
 from quickdraft.server.request_validation import MAX_REQUEST_ID
 from quickdraft.server.service import CompletionService
 from quickdraft.v1 import completion_pb2 as pb
@@ -95,10 +97,11 @@ class Completion:
 class OpenAIServing:
     """Auth, request translation, model list and health of the OpenAI API over one CompletionService."""
 
-    def __init__(self, cfg: QuickdraftConfig, service: CompletionService, auth: Auth):
+    def __init__(self, cfg: QuickdraftConfig, service: CompletionService, auth: Auth, outcomes: OutcomeBook | None = None):
         self.cfg = cfg
         self.service = service
         self.auth = auth
+        self.outcomes = outcomes
         self.model = cfg.http.served_model_name or cfg.preset.name
         self.created = int(time.time())
         # Generous: JSON escapes inflate text; the service checks the exact limit.
@@ -158,6 +161,18 @@ class OpenAIServing:
         counts it against that user's (or host's) stream limit, and logs and
         metrics name its user, as for gRPC."""
         return Completion(self.service, Reply(call, call.req.request_id, self.model), client, headers)
+
+    def report_outcomes(self, data: bytes, client: Client, headers: Mapping[str, str]) -> dict:
+        """POST /v1/completions/outcomes: a body (size already checked) counted
+        for ``client``, as the ReportOutcomes RPC does. Raises ApiError."""
+        if self.outcomes is None:
+            raise ApiError(404, "this server does not take outcome reports", None, "NOT_FOUND")
+        req = outcomes_request(data)
+        try:
+            reply = self.outcomes.report(req, client, self.service.telemetry.trace_context(headers))
+        except RequestError as e:
+            raise ApiError(http_status(e.code), e.message, None if e.field is None else f"{e.field}{e.at}", e.code) from None
+        return outcomes_body(reply)
 
     def models(self) -> dict:
         # "root" is the name too, never cfg.target_path(): a filesystem path tells

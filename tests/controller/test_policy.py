@@ -21,7 +21,7 @@ from quickdraft.bench.controller_sim import (
     SimulatedEngine,
     calibrated,
 )
-from quickdraft.server.config import ControllerSettings, ExplorationSettings, HysteresisSettings, SLOSettings, ScheduleSettings
+from quickdraft.server.config import ControllerSettings, ExplorationSettings, HysteresisSettings, MeasureSettings, SLOSettings, ScheduleSettings
 from quickdraft.server.controller import Controller, EngineSnapshot
 from quickdraft.server.speculative import SpecConfig, default_candidates
 
@@ -390,7 +390,8 @@ def test_every_setting_a_live_engine_can_run_needs_only_the_warm_margin():
 
     def decision(live) -> object:
         hy = HysteresisSettings(margin=0.10, warm_margin=0.03, confidence_z=0.0)
-        ctl, clock = calibrated(eng, ControllerSettings(schedule=ScheduleSettings(enabled=False), hysteresis=hy))
+        ctl, clock = calibrated(eng, ControllerSettings(schedule=ScheduleSettings(enabled=False), hysteresis=hy,
+                                                        measure=MeasureSettings(enabled=False)))  # the model's path
         ctl.activate(active)
         ctl.set_warm([], live=live)
         return _switch_after_dwell(ctl, clock, 8)
@@ -403,10 +404,12 @@ def test_every_setting_a_live_engine_can_run_needs_only_the_warm_margin():
 
 def test_probes_on_a_live_engine_run_under_full_load_and_cost_no_build():
     """A probe there is a switch, not a build: it may start at any load, and
-    only the time it runs is taken from the exploration budget."""
+    only the time it runs is taken from the exploration budget. (The model's
+    path: with measurement on, measured.py decides on such an engine.)"""
     eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=0)
     clock = FakeClock()
-    ctl = Controller(ControllerSettings(exploration=ExplorationSettings(max_load_for_build=2.0)), clock=clock)
+    ctl = Controller(ControllerSettings(exploration=ExplorationSettings(max_load_for_build=2.0),
+                                        measure=MeasureSettings(enabled=False)), clock=clock)
     ctl.set_warm([], live=lambda spec: True)
     decisions = Harness(ctl, eng, clock, decide_every=2).run([Phase(8, 300)]).decisions
     probes = [d for d in decisions if d.action == "explore"]

@@ -17,11 +17,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from quickdraft.client.request import channel_options
-from quickdraft.server.prompt_tokens import tokenize
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.v1.completion_pb2_grpc import CompletionStub
 from tests.integration.test_serve import wait_until
-from tests.test_fuzz_requests import BAD_UTF8, MARKER, STRING_FIELDS, _field, event, requests, violations
+from tests.test_fuzz_requests import BAD_UTF8, MARKER, STRING_FIELDS, _field, assert_refused_for_its_tokens, event, requests, violations
 
 pytestmark = pytest.mark.engine
 
@@ -75,8 +74,7 @@ def assert_contract(server, req: pb.CompleteRequest, outcome: str, detail) -> No
     if expected:
         assert any(f in detail for f in expected), f"{outcome} {detail!r} names none of {sorted(expected)}"
     else:
-        ids = tokenize(server.engine.prompt_tokens, req, server.cfg.preset.prompt_format)
-        assert ("max_prompt_tokens" in detail) if len(ids) > server.cfg.max_prompt_tokens() else (detail.startswith("prefix") and not ids), detail
+        assert_refused_for_its_tokens(req, detail, server.engine.prompt_tokens, server.cfg)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])

@@ -133,7 +133,7 @@ def test_async_client_cancel_by_breaking_out(server):
         (dict(prefix="x = 1\n", max_tokens=100000), grpc.StatusCode.INVALID_ARGUMENT, "max_output_tokens"),
         (dict(prefix="x = 1\n", temperature=float("nan")), grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
         (dict(prefix="x = 1\n", top_p=0.0), grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
-        (dict(prefix="x = 1\n" * 2000), grpc.StatusCode.INVALID_ARGUMENT, "max_prompt_tokens"),
+        (dict(prefix="x = 1\n" * 2000, strict_prompt=True), grpc.StatusCode.INVALID_ARGUMENT, "max_prompt_tokens"),
         (dict(prefix="x", stop=["a"] * 1000), grpc.StatusCode.INVALID_ARGUMENT, "max_stop_sequences"),
     ],
 )
@@ -148,11 +148,24 @@ def test_bad_input_is_named_and_server_keeps_serving(client, fields, code, fragm
 def test_too_long_prompt_says_its_token_count_in_trailing_metadata(server, client):
     with pytest.raises(grpc.RpcError) as err:
         # About one token per character: over max_prompt_tokens, under max_prompt_chars.
-        client.complete_text(prefix="1," * server.cfg.max_prompt_tokens())
+        client.complete_text(prefix="1," * server.cfg.max_prompt_tokens(), strict_prompt=True)
     trailers = dict(err.value.trailing_metadata() or ())
     assert int(trailers["quickdraft-prompt-limit"]) == server.cfg.max_prompt_tokens()
     assert int(trailers["quickdraft-prompt-tokens"]) > int(trailers["quickdraft-prompt-limit"])
     assert trailers["quickdraft-prompt-tokens"] in err.value.details()
+    assert "strict_prompt" in err.value.details()
+
+
+def test_a_whole_file_completes_with_the_cut_reported(server, client):
+    """Without strict_prompt a prefix over max_prompt_tokens (and over
+    max_prompt_chars) runs on the real engine, cut to fit nearest the cursor."""
+    prefix = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(600)) + LONG
+    result = client.complete_text(prefix=prefix, suffix="\n", max_tokens=8)
+    fit, final = result.prompt_fit, result.final
+    assert fit.truncated and fit.prefix_chars_cut > len(prefix) - server.cfg.max_prompt_chars()
+    assert not fit.suffix_chars_cut and not fit.context_files_dropped
+    assert 0.9 * server.cfg.max_prompt_tokens() <= final.prompt_tokens <= server.cfg.max_prompt_tokens()
+    assert final.completion_tokens >= 1 and final.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
 
 
 def test_unknown_latency_class_is_invalid(client):

@@ -236,8 +236,9 @@ class Editor:
         return await self.client.text_document_inline_completion_async(self.inline_params(uri, position))
 
 
-def client_capabilities(encodings: list[str] | None, inline: bool = True) -> types.ClientCapabilities:
+def client_capabilities(encodings: list[str] | None, inline: bool = True, experimental: dict | None = None) -> types.ClientCapabilities:
     return types.ClientCapabilities(
+        experimental=experimental,
         general=types.GeneralClientCapabilities(position_encodings=encodings) if encodings is not None else None,
         workspace=types.WorkspaceClientCapabilities(configuration=True),
         text_document=types.TextDocumentClientCapabilities(
@@ -254,6 +255,7 @@ async def start_bridge(
     encodings: list[str] | None = None,
     inline: bool = True,
     options: dict | None = None,
+    experimental: dict | None = None,
 ) -> tuple[Editor, types.InitializeResult]:
     config = ClientServerConfig(server_command=[sys.executable, "-m", "quickdraft.lsp_bridge", "--server", address])
     client = await config.start()
@@ -262,7 +264,7 @@ async def start_bridge(
     init_options = {"debounceMs": 0, **(options or {})}
     result = await client.initialize_session(
         types.InitializeParams(
-            capabilities=client_capabilities(encodings, inline),
+            capabilities=client_capabilities(encodings, inline, experimental),
             initialization_options=init_options,
             workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name)],
         )

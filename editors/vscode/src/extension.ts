@@ -1,6 +1,8 @@
 // quickdraft for VS Code: starts `quickdraft lsp` and lets vscode-languageclient
 // turn its textDocument/inlineCompletion answers into ghost text. What to start
-// and with which settings is decided in settings.ts.
+// and with which settings is decided in settings.ts; what became of each
+// suggestion (shown, accepted, rejected) is inferred in outcomes.ts and sent
+// to the language server.
 
 import * as vscode from 'vscode';
 import {
@@ -9,11 +11,31 @@ import {
   LanguageClientOptions,
   ServerOptions,
 } from 'vscode-languageclient/node';
+import { ACCEPT_COMMAND, CAPABILITY, OUTCOME_NOTIFICATION, SuggestionTracker, suggestionOf } from './outcomes';
 import { MACHINE_SETTINGS, launch, workspaceSettings } from './settings';
 
 const SECTION = 'quickdraft';
 let client: LanguageClient | undefined;
 let status: vscode.StatusBarItem | undefined;
+// Outcomes go to whichever language server is running; none is queued while none is.
+const tracker = new SuggestionTracker((params) => {
+  if (client?.isRunning()) {
+    void client.sendNotification(OUTCOME_NOTIFICATION, params);
+  }
+});
+
+// Tells the language server that this client reports outcomes (it then puts the accept command on its items).
+const reportsOutcomes = {
+  fillClientCapabilities(capabilities: { experimental?: unknown }): void {
+    const experimental = (capabilities.experimental ?? {}) as Record<string, unknown>;
+    capabilities.experimental = { ...experimental, [CAPABILITY]: true };
+  },
+  initialize(): void {},
+  getState(): { kind: 'static' } {
+    return { kind: 'static' };
+  },
+  clear(): void {},
+};
 
 function showState(params: { state: string; server: string; error?: string }): void {
   if (!status) {
@@ -47,8 +69,20 @@ async function start(context: vscode.ExtensionContext, output: vscode.LogOutputC
     documentSelector: [{ scheme: 'file' }, { scheme: 'untitled' }],
     initializationOptions: plan.initializationOptions,
     outputChannel: output,
+    middleware: {
+      // What the provider returns and is not cancelled, VS Code shows.
+      provideInlineCompletionItems: async (document, position, context, token, next) => {
+        const result = await next(document, position, context, token);
+        if (!token.isCancellationRequested) {
+          const items = Array.isArray(result) ? result : (result?.items ?? []);
+          tracker.answered(document.uri.toString(), position, suggestionOf(items[0], position));
+        }
+        return result;
+      },
+    },
   };
   client = new LanguageClient('quickdraft', 'quickdraft', serverOptions, clientOptions);
+  client.registerFeature(reportsOutcomes);
   client.onNotification('quickdraft/status', showState);
   await client.start();
 }
@@ -78,6 +112,12 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   context.subscriptions.push(
     vscode.commands.registerCommand('quickdraft.showLog', () => output.show()),
     vscode.commands.registerCommand('quickdraft.restart', () => restart(context, output)),
+    // Run by VS Code when a suggestion is accepted whole (the item's command).
+    vscode.commands.registerCommand(ACCEPT_COMMAND, (argument?: { suggestionId?: unknown }) => tracker.accepted(argument?.suggestionId)),
+    vscode.workspace.onDidChangeTextDocument((event) => tracker.changed(event.document.uri.toString(), event.contentChanges)),
+    vscode.window.onDidChangeTextEditorSelection((event) =>
+      tracker.cursorMoved(event.textEditor.document.uri.toString(), event.selections[0].active),
+    ),
     vscode.workspace.onDidGrantWorkspaceTrust(() => restart(context, output)),
     vscode.workspace.onDidChangeConfiguration(async (event) => {
       if (MACHINE_SETTINGS.some((key) => event.affectsConfiguration(`${SECTION}.${key}`))) {

@@ -5,11 +5,17 @@
 -- module asks for `textDocument/inlineCompletion` itself: after a pause in
 -- typing it sends one request for the cursor (cancelling the previous one),
 -- draws the first item as virtual text, and inserts it on the accept key.
+-- What became of each suggestion goes back to the server (outcomes.lua).
+
+local outcomes = require("quickdraft.outcomes")
 
 local M = {}
 
 local ns = vim.api.nvim_create_namespace("quickdraft")
 local uv = vim.uv or vim.loop
+-- A suggestion typed over is reported as such unless the same one comes back
+-- (typed through) within this long.
+local TYPED_THROUGH_MS = 2000
 
 M.config = {
   cmd = { "quickdraft", "lsp" },
@@ -40,6 +46,14 @@ local function call(client, method, ...)
   return client[method](...)
 end
 
+local tracker = outcomes.new(function(client, params)
+  if client then
+    pcall(call, client, "notify", outcomes.NOTIFICATION, params)
+  end
+end, function()
+  return uv.hrtime() / 1e6
+end)
+
 local function client_for(bufnr)
   local clients = (vim.lsp.get_clients or vim.lsp.get_active_clients)({ bufnr = bufnr, name = "quickdraft" })
   return clients[1]
@@ -50,6 +64,21 @@ function M.clear()
     pcall(vim.api.nvim_buf_clear_namespace, state.shown.bufnr, ns, 0, -1)
   end
   state.shown = nil
+end
+
+-- Clear, and tell the tracker why: "typed" (the buffer changed) or "dismissed".
+local function hide(reason)
+  M.clear()
+  if reason == "typed" then
+    local seq = tracker:changed()
+    if seq then
+      vim.defer_fn(function()
+        tracker:settle(seq)
+      end, TYPED_THROUGH_MS)
+    end
+  else
+    tracker:dismissed()
+  end
 end
 
 local function cancel_request()
@@ -92,6 +121,7 @@ local function show(bufnr, row, col, item, client)
     item = item,
     client = client,
   }
+  tracker:shown(outcomes.suggestion_id(item), client)
 end
 
 local function on_result(bufnr, row, col, tick, client)
@@ -136,7 +166,7 @@ function M.request()
 end
 
 local function schedule_request()
-  M.clear()
+  hide("typed")
   cancel_request()
   if not state.timer then
     state.timer = uv.new_timer()
@@ -171,9 +201,11 @@ local function insert(first_line_only)
   end
   local item, bufnr = shown.item, shown.bufnr
   local text = item_text(item)
+  local whole = text
   if first_line_only then
     text = vim.split(text, "\n", { plain = true })[1]
   end
+  tracker:accepted(text, text ~= whole)
   local encoding = shown.client.offset_encoding or "utf-16"
   local range = item.range
     or { start = { line = shown.row, character = 0 }, ["end"] = { line = shown.row, character = 0 } }
@@ -225,7 +257,7 @@ local function map_keys()
   end
   if keys.dismiss then
     vim.keymap.set("i", keys.dismiss, function()
-      M.clear()
+      hide("dismissed")
       cancel_request()
     end, { silent = true, desc = "quickdraft: dismiss completion" })
   end
@@ -237,6 +269,8 @@ local function capabilities()
   -- Offer UTF-8 (Neovim's native columns); the server then uses it.
   caps.general = caps.general or {}
   caps.general.positionEncodings = { "utf-8", "utf-16" }
+  -- This client reports suggestion outcomes: the server then puts its accept command on items.
+  caps.experimental = vim.tbl_extend("force", caps.experimental or {}, { [outcomes.CAPABILITY] = true })
   return caps
 end
 
@@ -279,14 +313,15 @@ function M.setup(opts)
       local shown = state.shown
       local cursor = vim.api.nvim_win_get_cursor(0)
       if shown and (cursor[1] - 1 ~= shown.row or cursor[2] ~= shown.col) then
-        M.clear()
+        -- Moved by an edit (the buffer changed; TextChangedI comes next) or by the user.
+        hide(vim.api.nvim_buf_get_changedtick(shown.bufnr) ~= shown.tick and "typed" or "dismissed")
       end
     end,
   })
   vim.api.nvim_create_autocmd({ "InsertLeave", "BufLeave" }, {
     group = group,
     callback = function()
-      M.clear()
+      hide("dismissed")
       cancel_request()
     end,
   })

@@ -1,0 +1,376 @@
+"""Choosing by measurement where every candidate is a live switch away.
+
+With live switching (server/vllm_live.py) a probe costs one engine step to
+switch plus one short window served in the probed config, so the controller
+measures the candidates at the load at hand instead of predicting them: the
+serving config is measured all the time, every other one in a window of its
+own when the load settles at a level where it has no current measurement.
+Likely winners are measured first and configs the measurements already rule
+out are skipped; then the config with the lowest measured TPOT that meets
+the TTFT SLOs serves.
+
+A config's TPOT at a level is its measured step time there over its
+expected tokens per step, E[L], from acceptance pooled per drafting mode
+over every window (the engine's per-position counters). A window's own
+decode TPOT also moves with the acceptance of the code it happened to
+serve, which at one stream is one or two requests; step time does not, and
+pooled acceptance is the same for every config of a mode. Where the engine
+gives no step or draft counters, the window's decode TPOT is used.
+
+What the measurements can rule out rests on one assumption: within a
+drafting mode, TPOT as a function of K (0 = no speculation, then the
+candidate Ks) has a single minimum. A K on the far side of a worse measured
+K, seen from the mode's best measured K, is then worse still.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from ..config.controller import ControllerSettings
+from ..speculative import MAX_K, SpecConfig
+from .decision import Verdict, ms, relative_gain
+from .estimator import Plan, Prediction
+from .policy import Banned
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the engine served between two controller ticks, in one config."""
+
+    config: SpecConfig
+    """The per-step setting the engine ran throughout."""
+    seconds: float
+    decode_seconds: float
+    """Summed over streams: time between consecutive outputs of a stream."""
+    decode_tokens: int
+    """Tokens those outputs carried."""
+    running: float
+    """Mean running requests over the window (time-weighted over engine steps)."""
+    running_start: int
+    running_end: int
+    first_tokens: tuple[tuple[str, float], ...] = ()
+    """(latency class, TTFT seconds) of the requests whose first token came in the window."""
+    busy_seconds: float = 0.0
+    """Time with requests running ..."""
+    steps: int = 0
+    """... and the engine steps in it (0: not counted)."""
+    drafts: int = 0
+    """Draft sequences verified (one per request per step) ..."""
+    accepted_per_position: tuple[int, ...] = ()
+    """... and how many were accepted at each draft position."""
+
+    @property
+    def tpot_s(self) -> float | None:
+        return self.decode_seconds / self.decode_tokens if self.decode_tokens > 0 else None
+
+    @property
+    def step_s(self) -> float | None:
+        return self.busy_seconds / self.steps if self.steps > 0 and self.busy_seconds > 0 else None
+
+    def stable(self, ratio: float) -> bool:
+        """Whether the load held still: running requests at the start, at the
+        end and on average within ``ratio`` of each other."""
+        vals = [max(1.0, float(v)) for v in (self.running_start, self.running_end, self.running)]
+        return max(vals) / min(vals) <= ratio
+
+
+@dataclass
+class Cell:
+    """Measurements of one config at one load level."""
+
+    windows: deque = field(default_factory=deque)
+    """(time, decode seconds, decode tokens, busy seconds, steps), newest last."""
+    ttft: dict[str, deque] = field(default_factory=dict)
+    """Recent TTFTs per latency class."""
+
+    def add(self, w: Window, now: float, keep: int, ttft_keep: int) -> None:
+        counted = w.step_s is not None
+        self.windows.append((now, w.decode_seconds, w.decode_tokens, w.busy_seconds if counted else 0.0,
+                             w.steps if counted else 0))
+        while len(self.windows) > keep:
+            self.windows.popleft()
+        for cls, t in w.first_tokens:
+            self.ttft.setdefault(cls, deque(maxlen=ttft_keep)).append(t)
+
+    @property
+    def decode_tpot_s(self) -> float:
+        """Token-weighted decode TPOT over the windows."""
+        return sum(w[1] for w in self.windows) / max(1, sum(w[2] for w in self.windows))
+
+    @property
+    def step_s(self) -> float | None:
+        """Mean step time over the windows (None where the engine did not count steps)."""
+        steps = sum(w[4] for w in self.windows)
+        return sum(w[3] for w in self.windows) / steps if steps else None
+
+    @property
+    def measured_at(self) -> float:
+        return self.windows[-1][0] if self.windows else -math.inf
+
+    def ttft_quantile(self, cls: str, q: float, min_samples: int) -> float | None:
+        xs = sorted(self.ttft.get(cls, ()))
+        if len(xs) < min_samples:
+            return None
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+class Measurements:
+    """Cells by (load level, config). A level is a band of running requests,
+    ``levels_per_doubling`` per doubling."""
+
+    def __init__(self, settings: ControllerSettings) -> None:
+        self.settings = settings
+        self.cells: dict[tuple[int, SpecConfig], Cell] = {}
+
+    def position(self, running: float) -> float:
+        return self.settings.measure.levels_per_doubling * math.log2(max(1.0, running))
+
+    def level(self, running: float, previous: int | None = None) -> int:
+        """The level of ``running`` requests; a load near the edge of the
+        ``previous`` level's band stays in it (a closed loop of 8 streams can
+        average 6.7 running, right on the edge between 5.7 and 8)."""
+        pos = self.position(running)
+        if previous is not None and abs(pos - previous) < 0.75:
+            return previous
+        return round(pos)
+
+    def load_of(self, level: int) -> float:
+        return 2.0 ** (level / self.settings.measure.levels_per_doubling)
+
+    def add(self, w: Window, now: float, previous: int | None = None) -> int:
+        lvl = self.level(w.running, previous)
+        cell = self.cells.setdefault((lvl, w.config), Cell())
+        cell.add(w, now, self.settings.measure.windows_kept, self.settings.slo.window)
+        return lvl
+
+    def get(self, level: int, config: SpecConfig) -> Cell | None:
+        return self.cells.get((level, config))
+
+    def fresh(self, level: int, now: float) -> dict[SpecConfig, Cell]:
+        stale_s = self.settings.measure.stale_s
+        return {c: cell for (lvl, c), cell in self.cells.items() if lvl == level and now - cell.measured_at <= stale_s}
+
+    def stale(self, level: int, now: float) -> dict[SpecConfig, Cell]:
+        """Cells at ``level`` too old to count, but recent enough to say
+        whether the config is worth measuring again."""
+        stale_s = self.settings.measure.stale_s
+        return {c: cell for (lvl, c), cell in self.cells.items()
+                if lvl == level and stale_s < now - cell.measured_at <= 4 * stale_s}
+
+    def clear(self) -> None:
+        self.cells.clear()
+
+    # -- profiles -------------------------------------------------------------
+    def to_list(self, tpot: Callable[[SpecConfig, Cell], float]) -> list[dict]:
+        return [{"level": lvl, "config": c.to_dict(), "tpot_s": tpot(c, cell),
+                 "tokens": sum(w[2] for w in cell.windows)}
+                for (lvl, c), cell in sorted(self.cells.items()) if cell.windows]
+
+    def load_list(self, items: Iterable[dict], now: float) -> None:
+        """Restore saved cells as stale ones: they order the first probes, and
+        every config is measured again before it is chosen."""
+        old = now - self.settings.measure.stale_s - 1.0
+        for it in items:
+            tokens = max(1, int(it["tokens"]))
+            cell = Cell(deque([(old, float(it["tpot_s"]) * tokens, tokens, 0.0, 0)]))
+            self.cells[(int(it["level"]), SpecConfig.from_dict(it["config"]))] = cell
+
+
+class AcceptancePool:
+    """Per drafting mode and draft position: drafts that reached the position
+    and were accepted there, over every window, old windows decaying."""
+
+    MIN_TRIALS = 20.0
+    """Drafts a position needs before its rate counts; beyond, the last rate carries on."""
+
+    def __init__(self, decay: float = 0.98) -> None:
+        self.decay = decay
+        self.succ = {p: [0.0] * MAX_K for p in (False, True)}
+        self.trials = {p: [0.0] * MAX_K for p in (False, True)}
+
+    def add(self, w: Window) -> None:
+        c = w.config
+        if not c.enabled or w.drafts <= 0 or not w.accepted_per_position:
+            return
+        succ, trials = self.succ[c.parallel], self.trials[c.parallel]
+        reached = float(w.drafts)
+        for i in range(min(c.k, len(w.accepted_per_position), MAX_K)):
+            accepted = float(min(w.accepted_per_position[i], reached))
+            succ[i] = succ[i] * self.decay + accepted
+            trials[i] = trials[i] * self.decay + reached
+            reached = accepted
+
+    def expected_length(self, config: SpecConfig) -> float | None:
+        """E[L] = 1 + sum over i <= K of the product of conditional rates to i;
+        None before position 1 has data."""
+        if not config.enabled:
+            return 1.0
+        succ, trials = self.succ[config.parallel], self.trials[config.parallel]
+        total, prod, rate = 1.0, 1.0, None
+        for i in range(min(config.k, MAX_K)):
+            if trials[i] >= self.MIN_TRIALS:
+                rate = succ[i] / trials[i]
+            elif rate is None:
+                return None
+            prod *= rate
+            total += prod
+        return total
+
+    def clear(self) -> None:
+        self.__init__(self.decay)
+
+
+def _k(config: SpecConfig) -> int:
+    return config.k if config.enabled else 0
+
+
+def ruled_out(config: SpecConfig, measured: dict[SpecConfig, float]) -> bool:
+    """Whether single-minimum TPOT curves over K make ``config`` slower than a
+    measured config (no speculation is K=0 of both modes' curves)."""
+    modes = (False, True) if not config.enabled else (config.parallel,)
+    for parallel in modes:
+        curve = {_k(c): t for c, t in measured.items() if not c.enabled or c.parallel == parallel}
+        if len(curve) < 2:
+            continue
+        k_best = min(curve, key=curve.__getitem__)
+        lo, hi = sorted((_k(config), k_best))
+        if any(lo < k < hi and t > curve[k_best] for k, t in curve.items()):
+            return True
+    return False
+
+
+class MeasuredPolicy:
+    """Probe what is not measured at the current level, then serve the fastest measured."""
+
+    def __init__(self, settings: ControllerSettings) -> None:
+        self.settings = settings
+        self.table = Measurements(settings)
+        self.acceptance = AcceptancePool()
+        self.level: int | None = None
+        """Level of the last usable window; None while the load moves."""
+        self.active: SpecConfig | None = None
+        """The config the last window ran."""
+        self._last_level: int | None = None
+        self._new_window = False
+        self.windows = 0
+        self.discarded = 0
+        self.probes = 0
+
+    def observe(self, w: Window, now: float) -> None:
+        """A finished window. One whose load moved, or that decoded nothing,
+        is discarded and leaves the level unknown until the next."""
+        self.active = w.config
+        self._new_window = True
+        if w.decode_tokens <= 0 or w.running <= 0 or not w.stable(self.settings.measure.stable_ratio):
+            self.discarded += 1
+            self.level = None
+            return
+        self.windows += 1
+        self.acceptance.add(w)
+        self.level = self._last_level = self.table.add(w, now, self._last_level)
+
+    def tpot(self, config: SpecConfig, cell: Cell) -> float:
+        """Step time over E[L] where both are known, else the windows' decode TPOT."""
+        step = cell.step_s
+        length = self.acceptance.expected_length(config) if step is not None else None
+        return step / length if step is not None and length else cell.decode_tpot_s
+
+    def slo_excess(self, cell: Cell | None) -> float:
+        """Measured TTFT quantile over its limit, the worst class (0: unknown)."""
+        if cell is None:
+            return 0.0
+        slo = self.settings.slo
+        worst = 0.0
+        for cls, limit in slo.ttft_s.items():
+            q = cell.ttft_quantile(cls, slo.quantile, slo.min_samples)
+            if q is not None:
+                worst = max(worst, q / limit)
+        return worst
+
+    def judge(self, now: float, banned: Banned) -> Verdict:
+        """Hold, probe the next unmeasured config, or switch to the fastest
+        measured one; acts once per window (a move waits for the next)."""
+        lvl, active = self.level, self.active
+        if not self._new_window or active is None:
+            return Verdict.hold("measuring", "measuring: waiting for a window")
+        self._new_window = False
+        if lvl is None:
+            return Verdict.hold("load_moving", "measuring: the load moved during the last window")
+        load = self.table.load_of(lvl)
+        fresh = self.table.fresh(lvl, now)
+        if active not in fresh:
+            return Verdict.hold("measuring", f"measuring {active.label()} at load {load:.1f}")
+        candidates = [c for c in self.settings.candidates if not banned(c)]
+        tpot = {c: self.tpot(c, cell) for c, cell in fresh.items() if c in candidates or c == active}
+        # Stale values still rule configs out, but only fresh ones are chosen.
+        stale = {c: self.tpot(c, cell) for c, cell in self.table.stale(lvl, now).items() if c in candidates}
+        known = {**stale, **tpot}
+        limit = min(tpot.values()) * (1.0 + self.settings.measure.refresh_within)
+        unmeasured = [c for c in candidates if c not in tpot and stale.get(c, 0.0) <= limit
+                      and not ruled_out(c, known)]
+        if unmeasured:
+            nxt = min(unmeasured, key=lambda c: self._probe_order(c, lvl, active))
+            self.probes += 1
+            left = len(unmeasured) - 1
+            return Verdict("explore", "probe",
+                           f"measuring {nxt.label()} at load {load:.1f} ({left} more to measure; "
+                           f"{active.label()} measured {ms(tpot[active])})",
+                           self.plan(nxt, lvl, None), 0.0)
+
+        def rank(c: SpecConfig) -> tuple[float, float]:
+            excess = self.slo_excess(fresh.get(c))
+            return (0.0 if excess <= 1.0 else excess, tpot[c])
+
+        best = min(tpot, key=rank)
+        # One window can be lucky or unlucky: near-ties get a second one.
+        near = tpot[best] * (1.0 + self.settings.measure.confirm_within)
+        unsure = [c for c in tpot if c != active and tpot[c] <= near and len(fresh[c].windows) < 2
+                  and self.slo_excess(fresh[c]) <= 1.0]
+        if unsure:
+            nxt = min(unsure, key=tpot.__getitem__)
+            self.probes += 1
+            return Verdict("explore", "probe",
+                           f"measuring {nxt.label()} again at load {load:.1f}: {ms(tpot[nxt])} in one window, "
+                           f"near the best {best.label()} ({ms(tpot[best])})", self.plan(nxt, lvl, tpot[nxt]), 0.0)
+        a_tpot, b_tpot = tpot[active], tpot[best]
+        gain = relative_gain(a_tpot, b_tpot)
+        a_excess, b_excess = self.slo_excess(fresh[active]), self.slo_excess(fresh[best])
+        slo_fix = a_excess > 1.0 + self.settings.hysteresis.slo_margin and b_excess <= 1.0
+        measured = f"{len(tpot)} configs measured at load {load:.1f}"
+        if best != active and (slo_fix or gain >= self.settings.measure.margin):
+            why = (f"{best.label()} meets the TTFT SLO (measured) and {active.label()} does not"
+                   if slo_fix else f"{best.label()} measured {gain:.0%} faster than {active.label()} "
+                   f"({ms(b_tpot)} vs {ms(a_tpot)})")
+            return Verdict("switch", "slo" if slo_fix else "better", f"{why}; {measured}",
+                           self.plan(best, lvl, b_tpot, b_excess), gain)
+        return Verdict.hold("best", f"{active.label()} is the fastest measured ({ms(a_tpot)}); {measured}")
+
+    def _probe_order(self, c: SpecConfig, level: int, active: SpecConfig) -> tuple[float, float]:
+        """Likely winners first: by the config's TPOT relative to the best at
+        the nearest level where both were measured (stale values count here),
+        else by distance in K from the serving config."""
+        near = sorted({lvl for (lvl, _c) in self.table.cells}, key=lambda lvl: abs(lvl - level))
+        for lvl in near:
+            cell = self.table.get(lvl, c)
+            if cell is None or not cell.windows:
+                continue
+            best = min(self.tpot(c2, x) for (l2, c2), x in self.table.cells.items() if l2 == lvl and x.windows)
+            return (0.0, self.tpot(c, cell) / best)
+        return (1.0, abs(_k(c) - _k(active)) + (0.5 if c.parallel != active.parallel else 0.0))
+
+    def active_plan(self, now: float) -> Plan | None:
+        """The serving config's plan from its measurement at the current level."""
+        if self.level is None or self.active is None:
+            return None
+        cell = self.table.fresh(self.level, now).get(self.active)
+        return None if cell is None else self.plan(self.active, self.level, self.tpot(self.active, cell),
+                                                   self.slo_excess(cell))
+
+    def plan(self, config: SpecConfig, level: int, tpot_s: float | None, excess: float = 0.0) -> Plan:
+        load = self.table.load_of(level)
+        pred = Prediction(config, load, None, 1.0, 1.0, 1.0, tpot_s, slo_excess=excess)
+        return Plan(config, pred)

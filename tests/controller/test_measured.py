@@ -1,0 +1,168 @@
+"""Choosing by measurement on a live engine (server/controller/measured.py):
+probes are windows, the fastest measured config serves, the load's level
+keys the measurements. Simulated engine on a fake clock."""
+
+from __future__ import annotations
+
+from quickdraft.bench.controller_sim import (
+    CPU_COST,
+    CROSSING_ACCEPTANCE,
+    CROSSING_COST,
+    FakeClock,
+    Harness,
+    HarnessTrace,
+    Phase,
+    SimAcceptance,
+    SimulatedEngine,
+)
+from quickdraft.server.config import ControllerSettings, SLOSettings
+from quickdraft.server.controller import Controller
+from quickdraft.server.controller.measured import MeasuredPolicy, Window, ruled_out
+from quickdraft.server.speculative import SpecConfig
+
+OFF = SpecConfig.off()
+P5 = SpecConfig(True, 5)
+
+
+def ar(k: int) -> SpecConfig:
+    return SpecConfig(False, k)
+
+
+def p(k: int) -> SpecConfig:
+    return SpecConfig(True, k)
+
+
+def live_run(cost, acceptance, phases, *, seed=0, noise=0.04, settings=None, live=lambda s: True,
+             start=P5) -> tuple[Controller, HarnessTrace]:
+    clock = FakeClock()
+    ctl = Controller(settings or ControllerSettings(initial=start), clock=clock)
+    ctl.activate(start)
+    ctl.set_warm([], live=live)
+    eng = SimulatedEngine(cost, acceptance, seed=seed)
+    trace = Harness(ctl, eng, clock, tick_s=0.5, rebuild_s=0, window_noise=noise, seed=seed).run(
+        [Phase(load, seconds) for load, seconds in phases])
+    return ctl, trace
+
+
+def settled_regret(trace: HarnessTrace, phase: int, after_s: float = 10.0) -> float:
+    """TPOT over the best static's, from ``after_s`` into the phase, as the benchmark scores it."""
+    ticks = trace.phase_ticks(phase)
+    ticks = [t for t in ticks if t.t - ticks[0].t >= after_s]
+    return sum(t.true_tpot_s for t in ticks) / sum(t.best_tpot_s for t in ticks) - 1.0
+
+
+def test_a_single_minimum_over_k_rules_out_what_lies_beyond_a_worse_k():
+    measured = {p(3): 4.0, p(5): 3.0, p(7): 3.5}
+    assert ruled_out(p(1), measured), "K=1 lies beyond K=3, which is slower than the best K=5"
+    assert ruled_out(OFF, measured), "no speculation is K=0 of the parallel curve"
+    assert not ruled_out(ar(3), measured), "another mode's curve says nothing"
+    assert not ruled_out(p(1), {p(5): 3.0, p(7): 3.5}), "nothing measured between K=1 and the best"
+    assert not ruled_out(p(7), {p(5): 3.0, p(3): 4.0}), "K=7 is on the other side of the best"
+
+
+def test_a_cold_controller_reaches_the_best_config_within_seconds_of_every_load_change():
+    """1 -> 8 -> 1 -> 8 -> 1 streams, where the best config changes with the
+    load (GPU-like costs): within 3% of the best static from 10 s after each
+    change on average (each phase within 5%: a window's step time is noisy,
+    and a short probe sees little acceptance), and a level measured before
+    is served at once on return."""
+    phases = [(1, 25), (8, 25), (1, 25), (8, 25), (1, 25)]
+    for seed in range(3):
+        ctl, trace = live_run(CROSSING_COST, CROSSING_ACCEPTANCE, phases, seed=seed)
+        regrets = [settled_regret(trace, i) for i in range(len(phases))]
+        assert max(regrets) <= 0.05 and sum(regrets) / len(regrets) <= 0.03, (seed, regrets)
+        for i in (2, 3, 4):  # levels measured in an earlier phase: no sweep, one move
+            moves = [d for d in trace.decisions if d.action != "hold" and trace.phase_ticks(i)[0].t <= d.timestamp
+                     <= trace.phase_ticks(i)[-1].t]
+            assert len([d for d in moves if d.action == "explore"]) <= 2, (seed, i, [d.reason for d in moves])
+            ticks = trace.phase_ticks(i)
+            assert ticks[10].true_tpot_s <= 1.05 * ticks[10].best_tpot_s, (seed, i, ticks[10].config.label())
+        assert ctl.engine_rebuilds == 0
+
+
+def test_each_new_level_is_measured_in_fewer_windows_than_there_are_candidates():
+    ctl, trace = live_run(CPU_COST, SimAcceptance(), [(1, 30)])
+    probes = trace.actions("explore")
+    assert probes and all(d.reason_code == "probe" for d in probes)
+    distinct = {d.engine for d in probes} | {P5}
+    assert len(distinct) < len(ctl.settings.candidates), "the single-minimum rule skipped nothing"
+    state = ctl.state()
+    assert state.measuring and {m.config for m in state.measured} == distinct
+
+
+def test_a_window_whose_load_moved_is_not_a_measurement():
+    settings = ControllerSettings()
+    mp = MeasuredPolicy(settings)
+    mp.observe(Window(P5, 0.5, 3.5, 1000, running=5.0, running_start=1, running_end=8), now=1.0)
+    assert mp.level is None and mp.discarded == 1 and not mp.table.cells
+    assert mp.judge(1.0, lambda c: False).code == "load_moving"
+    mp.observe(Window(P5, 0.5, 3.6, 1000, running=8.0, running_start=8, running_end=8), now=1.5)
+    assert mp.level == mp.table.level(8.0) and mp.table.get(mp.level, P5).decode_tpot_s == 3.6 / 1000
+
+
+def test_a_config_that_misses_the_ttft_slo_is_left_for_one_that_meets_it():
+    settings = ControllerSettings(slo=SLOSettings(ttft_s={"inline": 0.3}, min_samples=4))
+    mp = MeasuredPolicy(settings)
+    everything_else = [c for c in settings.candidates if c not in (P5, ar(3))]
+    banned = everything_else.__contains__
+    slow_first_tokens = (("inline", 0.5),) * 6
+    mp.observe(Window(P5, 1.0, 0.9, 1000, 1.0, 1, 1, slow_first_tokens), now=1.0)  # fast, but TTFT 500 ms
+    d = mp.judge(1.0, banned)
+    assert d.action == "explore" and d.plan.engine == ar(3)
+    for t in (2.0, 2.5):
+        mp.observe(Window(ar(3), 1.0, 1.2, 1000, 1.0, 1, 1, (("inline", 0.1),) * 6), now=t)
+        d = mp.judge(t, banned)
+    assert d.action == "hold" and d.code == "best", d.reason  # ar3 serves: slower, but within the SLO
+    mp.active = P5
+    mp._new_window = True
+    d = mp.judge(3.0, banned)
+    assert d.action == "switch" and d.code == "slo" and d.plan.engine == ar(3), d.reason
+
+
+def test_measurements_go_stale_and_contenders_are_measured_again():
+    settings = ControllerSettings()
+    ctl, trace = live_run(CROSSING_COST, CROSSING_ACCEPTANCE, [(1, settings.measure.stale_s + 30)], settings=settings)
+    late = [d for d in trace.actions("explore") if d.timestamp - trace.ticks[0].t > settings.measure.stale_s]
+    assert late, "nothing was refreshed after stale_s"
+    served = trace.ticks[-1].config
+    far = settings.measure.refresh_within
+    first = {d.engine: d for d in trace.actions("explore") if d.timestamp - trace.ticks[0].t < 10}
+    eng = SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE)
+    for d in late:  # only configs within refresh_within of the best are worth a window again
+        assert eng.true_tpot(d.engine, 1) <= eng.true_tpot(served, 1) * (1 + far + 0.1), d.engine.label()
+    assert len(late) < len(first)
+
+
+def test_the_profile_keeps_measurements_to_order_the_first_probes_after_a_restart():
+    ctl, _ = live_run(CROSSING_COST, CROSSING_ACCEPTANCE, [(1, 20), (8, 20)])
+    data = ctl.profile_dict()
+    assert {(m["level"], SpecConfig.from_dict(m["config"])) for m in data["measured"]} == set(ctl.measured.table.cells)
+    clock = FakeClock(ctl.clock() + 3600)
+    fresh = Controller(ControllerSettings(initial=P5), clock=clock)
+    fresh.restore(data)
+    fresh.set_warm([], live=lambda s: True)
+    assert fresh.measured.table.cells and not fresh.measured.table.fresh(0, clock())
+    trace = Harness(fresh, SimulatedEngine(CROSSING_COST, CROSSING_ACCEPTANCE, seed=1), clock, tick_s=0.5,
+                    rebuild_s=0).run([Phase(8, 20)])
+    cold = live_run(CROSSING_COST, CROSSING_ACCEPTANCE, [(8, 20)], seed=1)[1]
+    assert len(trace.actions("explore")) < len(cold.actions("explore")), "restored values skipped nothing"
+    assert settled_regret(trace, 0) <= 0.03
+
+
+def test_settings_only_another_engine_can_run_stay_the_models_call():
+    """The CPU preset's live engine drafts in one mode: among its Ks the
+    controller measures; the other drafter and a plain engine need a
+    rebuild, which the models and the exploration budget decide, as before
+    live switching, once the live settings are measured."""
+    live = lambda s: s.enabled and s.parallel  # noqa: E731
+    ctl, trace = live_run(CPU_COST, SimAcceptance(), [(1, 60)], live=live)
+    moves = [d for d in trace.decisions if d.action != "hold"]
+    measured = [d for d in moves if d.reason_code == "probe"]
+    assert measured and all(live(d.engine) for d in measured), [d.reason for d in measured]
+    others = [d for d in moves if not live(d.engine)]
+    assert all(d.reason_code in ("explore", "better", "probe_done") for d in others), [d.reason for d in others]
+    if others:
+        first_other = trace.decisions.index(others[0])
+        assert any(d.reason_code == "best" for d in trace.decisions[:first_other]), \
+            "a rebuild was proposed before the live settings were measured"
+    assert ctl.measuring
