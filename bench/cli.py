@@ -7,6 +7,7 @@
     quickdraft bench micro  (= python -m quickdraft.bench.micro)
     quickdraft bench phases (= python -m quickdraft.bench.phases)
     quickdraft bench live-switch (= python -m quickdraft.bench.live_switch)
+    quickdraft bench typing (= python -m quickdraft.bench.typing_session)
 
 ``quickdraft/cli.py`` calls ``add_subparsers`` when this module imports.
 """
@@ -280,6 +281,13 @@ def add_subparsers(subparsers) -> None:
                        description=fairness.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     fairness.add_arguments(p)
     p.set_defaults(func=fairness.run)
+
+    from quickdraft.bench import typing_session
+
+    p = sub.add_parser("typing", help="typing sessions through the LSP bridge: stable prompts and prefetch against the old prompts",
+                       description=typing_session.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    typing_session.add_arguments(p)
+    p.set_defaults(func=typing_session.run)
 
     p = sub.add_parser("live-switch", help="live speculative switching on one engine: switch latency, and TPOT against engines built per setting",
                        description=live_switch.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -2,7 +2,10 @@
 
 Two lookups: the exact (uri, version, offset) of an earlier request, and
 "typed through": the user typed the first characters of the completion that
-was shown last, so the rest of it is still the suggestion.
+was shown last (line breaks included: a block suggestion stays while its lines
+are typed), or deleted back to where it was shown, so the rest of it is still
+the suggestion. ``accepted`` tells when the last edit inserted the whole of
+it (prefetching starts there).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from quickdraft.lsp_bridge.postprocess import Completion
-from quickdraft.lsp_bridge.text import decode
+from quickdraft.lsp_bridge.text import decode, encode
 from quickdraft.lsp_bridge.workspace import OpenDocument
 
 
@@ -48,19 +51,42 @@ class CompletionCache:
             self._last[opened.uri] = _Shown(offset, line_start, doc.data[line_start:offset], completion)
 
     def typed_through(self, opened: OpenDocument, offset: int) -> Completion | None:
+        """The rest of the last shown completion when the text from where it
+        was shown to ``offset`` is its beginning (possibly empty: deleted back
+        to where it was shown); None when the user typed anything else."""
         shown = self._last.get(opened.uri)
-        if shown is None or offset <= shown.offset:
+        if shown is None or offset < shown.offset:
+            return None
+        data = opened.doc.data
+        if data[shown.line_start : shown.offset] != shown.line_prefix:
+            return None
+        if shown.line_start and data[shown.line_start - 1 : shown.line_start] not in (b"\n", b"\r"):
+            return None  # an edit above moved the line: not the same place
+        typed = data[shown.offset : offset]
+        text = shown.completion.text
+        written = encode(text)
+        if len(typed) >= len(written) or not written.startswith(typed):
+            return None
+        # The same suggestion, from the same request.
+        return replace(shown.completion, text=text[len(decode(typed)) :]) if typed else shown.completion
+
+    def accepted(self, opened: OpenDocument) -> int | None:
+        """Where the cursor landed if the document's last edit ended by inserting
+        the whole of the last shown completion where it was shown (the user
+        accepted it, or typed its last character); None otherwise. Either way
+        that suggestion is spent: it is not typed through any more."""
+        shown = self._last.get(opened.uri)
+        if shown is None:
             return None
         doc = opened.doc
-        if doc.line_starts[doc.line_of(offset)] != shown.line_start:
+        written = encode(shown.completion.text)
+        landing = shown.offset + len(written)
+        if doc.last_edit_offset != landing or doc.data[shown.offset : landing] != written:
             return None
         if doc.data[shown.line_start : shown.offset] != shown.line_prefix:
             return None
-        typed = decode(doc.data[shown.offset : offset])
-        text = shown.completion.text
-        if "\n" in typed or not text.startswith(typed) or len(typed) >= len(text):
-            return None
-        return replace(shown.completion, text=text[len(typed) :])  # the same suggestion, from the same request
+        del self._last[opened.uri]
+        return landing
 
     def forget(self, uri: str) -> None:
         self._last.pop(uri, None)

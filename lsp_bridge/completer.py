@@ -3,12 +3,19 @@
 Order matters for cost: cheap checks (unknown document, bad position, cache)
 first; then the syntax gate; then the debounce, during which a newer request
 for the same document cancels this one; then the prompt and the RPC.
+
+Prefetch (``Settings.prefetch_after_accept``): when an edit inserts the whole
+suggestion last shown (``CompletionCache.accepted``), the completion at the
+end of it is asked at once, without debounce. The editor's request for that
+position then joins it, or finds its answer in the cache; any other request
+for the document, and any later edit, cancels it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -50,15 +57,26 @@ class Completer:
         self.request_ids = request_ids
         self.cache = CompletionCache()
         self._inflight: dict[str, asyncio.Task] = {}
+        # uri -> the prefetch in flight, or done and not yet asked for.
+        self._prefetch: dict[str, _Prefetch] = {}
         self.sleep = asyncio.sleep  # the debounce wait (replaceable in tests)
+        # What the completer did, for the editor's quickdraft/bridgeStats request (docs/lsp.md).
+        self.stats: Counter[str] = Counter()
 
     async def complete(self, uri: str, line: int, character: int, *, invoked: bool = False) -> Result | None:
         """The completion at a position, or None. A newer call for the same
         document cancels this one (which then returns None)."""
+        self.stats["requests"] += 1
         previous = self._inflight.get(uri)
         if previous is not None and not previous.done():
             previous.cancel()
-        task = asyncio.ensure_future(self._complete(uri, line, character, invoked))
+        prefetched = self._take_prefetch(uri, line, character)
+        if prefetched is not None:
+            task = asyncio.ensure_future(self._await_prefetch(prefetched))
+            # Cancelled (superseded, $/cancelRequest), even before it ran: the prefetch goes too.
+            task.add_done_callback(lambda t, pending=prefetched: self._cancel_joined(t, pending))
+        else:
+            task = asyncio.ensure_future(self._complete(uri, line, character, invoked))
         self._inflight[uri] = task
         try:
             return await task
@@ -69,6 +87,68 @@ class Completer:
         finally:
             if self._inflight.get(uri) is task:
                 del self._inflight[uri]
+
+    # -- prefetch -------------------------------------------------------------
+
+    def on_change(self, uri: str) -> None:
+        """After the editor's edit to ``uri``: a prefetch for an older version is
+        cancelled (the user moved on); with prefetch on, an edit that inserted
+        the whole suggestion shown last starts one where it ended."""
+        pending = self._prefetch.get(uri)
+        opened = self.workspace.get(uri)
+        if pending is not None and (opened is None or pending.version != opened.doc.version):
+            self._drop_prefetch(uri)
+        if not self.settings.prefetch_after_accept or opened is None:
+            return
+        landing = self.cache.accepted(opened)
+        if landing is None or not self.settings.enabled or opened.skip_reason is not None:
+            return
+        if opened.doc.language_id in self.settings.disabled_languages:
+            return
+        version = opened.doc.version
+        task = asyncio.ensure_future(self._serve(opened, landing, version, invoked=True))
+        task.add_done_callback(_log_failure)
+        self._prefetch[uri] = _Prefetch(version, landing, task)
+        self.stats["prefetch_started"] += 1
+
+    def forget(self, uri: str) -> None:
+        """The document was opened afresh or closed: nothing of it is reused."""
+        self._drop_prefetch(uri)
+        self.cache.forget(uri)
+
+    def _take_prefetch(self, uri: str, line: int, character: int) -> "_Prefetch | None":
+        """The prefetch for exactly this position of the current version, handed
+        to the request (and forgotten here); any other prefetch of ``uri`` is cancelled."""
+        pending = self._prefetch.get(uri)
+        if pending is None:
+            return None
+        opened = self.workspace.get(uri)
+        doc = opened.doc if opened is not None else None
+        if doc is None or pending.version != doc.version or not doc.is_valid_position(line, character) \
+                or doc.offset_at(line, character) != pending.offset:
+            self._drop_prefetch(uri)
+            return None
+        del self._prefetch[uri]
+        self.stats["prefetch_used"] += 1
+        return pending
+
+    def _drop_prefetch(self, uri: str) -> None:
+        pending = self._prefetch.pop(uri, None)
+        if pending is not None and not pending.task.done():
+            pending.task.cancel()
+            self.stats["prefetch_cancelled"] += 1
+
+    async def _await_prefetch(self, pending: "_Prefetch") -> Result | None:
+        if not pending.task.done():
+            self.stats["prefetch_joined"] += 1
+        return await pending.task
+
+    def _cancel_joined(self, request: asyncio.Task, pending: "_Prefetch") -> None:
+        if request.cancelled() and not pending.task.done():
+            pending.task.cancel()
+            self.stats["prefetch_cancelled"] += 1
+
+    # -- one completion -------------------------------------------------------
 
     async def _complete(self, uri: str, line: int, character: int, invoked: bool) -> Result | None:
         settings = self.settings
@@ -84,14 +164,19 @@ class Completer:
         if not doc.is_valid_position(line, character):
             log.debug("completion past the end of %s: %d:%d", uri, line, character)
             return None
-        offset = doc.offset_at(line, character)
-        version = doc.version
+        return await self._serve(opened, doc.offset_at(line, character), doc.version, invoked)
 
+    async def _serve(self, opened: OpenDocument, offset: int, version: int, invoked: bool) -> Result | None:
+        settings = self.settings
+        doc = opened.doc
+        uri = opened.uri
         hit, cached = self.cache.get(uri, version, offset)
         if hit:
+            self.stats["cache_hits"] += 1
             return Result(opened, offset, cached) if cached is not None else None
         typed = self.cache.typed_through(opened, offset)
         if typed is not None:
+            self.stats["typed_through"] += 1
             return Result(opened, offset, typed)
         if not self.backend.available:
             return None
@@ -101,13 +186,14 @@ class Completer:
             return None  # edited while the tree was being brought up to date
         reason = gate(opened, tree, offset, in_comments=settings.enable_in_comments, in_strings=settings.enable_in_strings)
         if reason is not None:
-            log.debug("no completion at %s:%d:%d: %s", uri, line, character, reason)
+            log.debug("no completion at %s:%d: %s", uri, offset, reason)
             return None
         if settings.debounce_ms > 0 and not invoked:
             await self.sleep(settings.debounce_ms / 1000)
             if doc.version != version:
                 return None
 
+        self.stats["model_requests"] += 1
         answered, completion = await self._ask_model(opened, offset)
         if doc.version != version:
             return None  # the document moved on while the model was writing
@@ -131,6 +217,18 @@ class Completer:
         if completion is not None:
             completion = replace(completion, request_id=sized.request.request_id)
         return sized.outcome is Outcome.ANSWERED, completion
+
+
+@dataclass
+class _Prefetch:
+    version: int
+    offset: int
+    task: asyncio.Task
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("prefetch failed", exc_info=task.exception())
 
 
 def make_request(

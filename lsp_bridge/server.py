@@ -33,6 +33,7 @@ from quickdraft.lsp_bridge.workspace import Change, Workspace, uri_to_path
 log = logging.getLogger(__name__)
 
 STATUS_NOTIFICATION = "quickdraft/status"
+STATS_REQUEST = "quickdraft/bridgeStats"
 _IGNORED = object()  # a message that could not be read and was already answered
 
 
@@ -105,7 +106,8 @@ class BridgeServer(LanguageServer):
         self.editor_sets_connection = editor_sets_connection
         self.documents = Workspace(max_file_bytes=self.settings.max_file_bytes, background_parse=True)
         self.symbols = SymbolIndex(self.settings.max_file_bytes)
-        self.context = ContextEngine(self.documents, self.symbols, repository_context=self.settings.repository_context)
+        self.context = ContextEngine(self.documents, self.symbols, repository_context=self.settings.repository_context,
+                                     stable=self.settings.stable_prompt)
         self.backend: Backend | None = None
         self.completer: Completer | None = None
         self.outcomes = OutcomeReporter()
@@ -185,6 +187,7 @@ class BridgeServer(LanguageServer):
         self.documents.max_file_bytes = settings.max_file_bytes
         self.symbols.max_file_bytes = settings.max_file_bytes
         self.context.repository_context = settings.repository_context
+        self.context.stable = settings.stable_prompt
         if self.completer is not None:
             self.completer.settings = settings
         if self.backend is not None and self.backend.config != self.backend_config():
@@ -387,7 +390,7 @@ def create_server(settings: Settings | None = None, *, editor_sets_connection: b
                 types.LogMessageParams(types.MessageType.Info, f"quickdraft: not completing in {doc.uri}: {opened.skip_reason}")
             )
         if ls.completer is not None:
-            ls.completer.cache.forget(doc.uri)
+            ls.completer.forget(doc.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: BridgeServer, params: types.DidChangeTextDocumentParams) -> None:
@@ -398,6 +401,8 @@ def create_server(settings: Settings | None = None, *, editor_sets_connection: b
             # Out of sync is worse than unknown: forget the document until it is reopened.
             log.exception("could not apply a change to %s; dropping it", uri)
             ls.documents.close(uri)
+        if ls.completer is not None:
+            ls.completer.on_change(uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: BridgeServer, params: types.DidCloseTextDocumentParams) -> None:
@@ -405,7 +410,7 @@ def create_server(settings: Settings | None = None, *, editor_sets_connection: b
         ls.documents.close(uri)
         ls.context.forget(uri)
         if ls.completer is not None:
-            ls.completer.cache.forget(uri)
+            ls.completer.forget(uri)
 
     async def _complete(ls: BridgeServer, document: types.TextDocumentIdentifier, position: types.Position, invoked: bool):
         if ls.completer is None:
@@ -428,6 +433,11 @@ def create_server(settings: Settings | None = None, *, editor_sets_connection: b
     def completion_outcome(ls: BridgeServer, params: Any) -> None:
         # Queued for the server in batches; never blocks, never fails the editor.
         ls.outcomes.on_notification(params)
+
+    @server.feature(STATS_REQUEST)
+    def bridge_stats(ls: BridgeServer, params: Any) -> dict[str, int]:
+        # Counters since the bridge started (docs/lsp.md): no text, no ids.
+        return dict(ls.completer.stats) if ls.completer is not None else {}
 
     async def completion(ls: BridgeServer, params: types.CompletionParams) -> types.CompletionList:
         invoked = params.context is not None and params.context.trigger_kind == types.CompletionTriggerKind.Invoked

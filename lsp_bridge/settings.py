@@ -55,6 +55,17 @@ class Settings:
     # answers nothing at a blank line's indentation 6 times in 10 otherwise
     # (docs/lsp.md, Post-processing, "A blank line").
     blank_line_from_line_start: bool = True
+    # Keep consecutive prompts of a document alike, so the server's prefix cache
+    # serves most of each one: the prefix window keeps its first line while it
+    # fits, and repository context chunks keep their place in the prompt (new
+    # ones go after them) instead of being re-sorted by relevance on every
+    # keystroke (docs/lsp.md, "Stable prompts").
+    stable_prompt: bool = True
+    # After a suggestion is accepted (its whole text inserted where it was
+    # shown), ask for the next one at once, at the end of the inserted text,
+    # without waiting for the editor's request or the debounce. Opt in: it
+    # spends engine work on suggestions the editor may never ask for.
+    prefetch_after_accept: bool = False
     disabled_languages: tuple[str, ...] = field(default_factory=tuple)
 
     def merged(self, options: Mapping[str, Any] | None) -> "Settings":

@@ -7,6 +7,15 @@ Rules: cuts fall on whole lines, moved to the start (prefix) or end
 (suffix) of a statement when the tree knows one; the cursor's own line is never
 cut; when the middle of the prefix must go, the enclosing class/function
 headers and the file's imports are kept above the window.
+
+Stable windows (``keep``): a prefix window remembers where it opened and which
+header lines it kept (``Anchor``); the next window of the same document opens
+there again, with the same headers, while that still fits the budget and fills
+enough of it. Consecutive prompts then begin with the same text, which the
+server's prefix cache serves, instead of a window whose first line moves with
+every line typed. A new window is cut ``slack`` under the budget, so typing
+has room to grow into before the window must move again, and a kept one
+must fill at least ``floor`` of it (else a new one shows more of the file).
 """
 
 from __future__ import annotations
@@ -36,10 +45,20 @@ class Span:
     end: int
 
 
+@dataclass(frozen=True)
+class Anchor:
+    """Where a prefix window opened (a line start) and the header lines kept
+    above it, as (offset, bytes): enough to open the next window the same way."""
+
+    start: int
+    headers: tuple[tuple[int, bytes], ...] = ()
+
+
 @dataclass
 class Window:
     text: str
     truncated: bool
+    anchor: Anchor | None = None  # prefix windows cut at a line start: how to open the next one the same way
 
 
 def _line_span(opened: OpenDocument, start_byte: int, end_byte: int) -> Span:
@@ -143,15 +162,57 @@ def _cut_inside_line(data: bytes, threshold: int, limit: int) -> int:
     return i
 
 
-def prefix_window(opened: OpenDocument, tree: ts.Tree | None, offset: int, budget: int) -> Window:
-    """Text before the cursor within ``budget`` bytes."""
+def _joined(parts: list[bytes], window: bytes) -> str:
+    parts = [p if p.endswith((b"\n", b"\r")) else p + b"\n" for p in parts]
+    parts.append(window)
+    return decode(b"".join(parts))
+
+
+def _kept_window(opened: OpenDocument, offset: int, line_start: int, budget: int, keep: Anchor, least: float) -> Window | None:
+    """The window opened as ``keep`` says, if it is still valid, fits ``budget``
+    and fills at least ``least`` of it; else None."""
     doc = opened.doc
     data = doc.data
+    start = keep.start
+    if not 0 < start <= line_start or doc.line_starts[doc.line_of(start)] != start:
+        return None
+    size = offset - start
+    for at, text in keep.headers:
+        # An edit above the window moved or changed a header line: open afresh.
+        if at + len(text) > start or data[at : at + len(text)] != text:
+            return None
+        size += len(text)
+    if not least <= size <= budget:
+        return None
+    return Window(_joined([text for _, text in keep.headers], data[start:offset]), True, keep)
+
+
+def prefix_window(opened: OpenDocument, tree: ts.Tree | None, offset: int, budget: int, *,
+                  keep: Anchor | None = None, slack: float = 0.0, floor: float | None = None) -> Window:
+    """Text before the cursor within ``budget`` bytes.
+
+    With ``keep`` (the previous window's ``anchor``) the window opens where
+    that one did while it fits and fills at least ``floor`` of the budget
+    (default ``1 - 2 * slack``); otherwise a new window is cut ``slack`` under
+    the budget."""
+    doc = opened.doc
+    data = doc.data
+    line_start = doc.line_starts[doc.line_of(offset)]
+    if keep is not None:
+        # Before the whole prefix, even when it would fit now: a budget that
+        # wavers around the prefix's size must not swap the two every keystroke.
+        least = budget * (1 - 2 * slack if floor is None else floor)
+        kept_window = _kept_window(opened, offset, line_start, budget, keep, least)
+        if kept_window is not None:
+            return kept_window
     if offset <= budget:
         return Window(doc.slice(0, offset), False)
-    line_start = doc.line_starts[doc.line_of(offset)]
     if offset - line_start >= budget:  # the cursor line alone is over budget
         return Window(doc.slice(_cut_inside_line(data, offset - budget, offset), offset), True)
+    if slack > 0:
+        budget = int(budget * (1 - slack))
+        if offset - line_start >= budget:
+            return Window(doc.slice(_cut_inside_line(data, offset - budget, offset), offset), True)
 
     headers: list[Span] = []
     header_bytes = 0
@@ -172,10 +233,8 @@ def prefix_window(opened: OpenDocument, tree: ts.Tree | None, offset: int, budge
         window_start = _window_start(opened, tree, offset, budget - header_bytes, line_start)
         kept = [h for h in kept if h.end <= window_start]
     kept.sort(key=lambda s: s.start)
-    parts = [data[h.start : h.end] for h in kept]
-    parts = [p if p.endswith((b"\n", b"\r")) else p + b"\n" for p in parts]
-    parts.append(data[window_start:offset])
-    return Window(decode(b"".join(parts)), True)
+    headers = tuple((h.start, data[h.start : h.end]) for h in kept)
+    return Window(_joined([text for _, text in headers], data[window_start:offset]), True, Anchor(window_start, headers))
 
 
 def _window_start(opened: OpenDocument, tree: ts.Tree | None, offset: int, budget: int, line_start: int) -> int:

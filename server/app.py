@@ -40,7 +40,7 @@ class QuickdraftServer:
         self.auth = Auth.from_config(cfg)
         self.pin = SpeculationPin(self.engines, controller=lambda: self.controller)
         # What editors did with the suggestions: fed by every finished request, read by both front ends.
-        self.outcomes = OutcomeBook(self.telemetry)
+        self.outcomes = OutcomeBook(self.telemetry, grace_s=cfg.telemetry.never_shown_grace_s)
         self.service.observers.callbacks.append(self.outcomes.remember)
         self.grpc = GrpcServer(cfg, self.service, self.auth, controller_state=lambda: self.controller.state_proto() if self.controller else None,
                                pin=self.pin, outcomes=self.outcomes)

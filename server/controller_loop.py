@@ -271,8 +271,9 @@ class ControllerLoop:
 
     def _close_window(self, engine, now: float) -> None:
         """Hand the controller what was served since the last window, once the
-        window is long enough and decoded enough tokens; a window that ran
-        into another engine or setting, or idled past ten windows' time, is dropped."""
+        window is long enough and decoded enough tokens, or at ten windows'
+        time whatever it decoded (short completions on a slow machine); one
+        that ran into another engine or setting, or decoded nothing, is dropped."""
         meter, snap, m = self.service.meter, engine.snapshot, self.cfg.controller.measure
         start = self._window
         self._window = _WindowStart(engine, engine.spec, time.monotonic(), time.perf_counter(), snap.running_seconds,
@@ -285,7 +286,9 @@ class ControllerLoop:
         if seconds < m.window_s or tokens < m.min_tokens:
             if seconds < 10 * m.window_s:
                 self._window = start  # keep it open
-            return
+                return
+            if tokens <= 0:
+                return
         running = (snap.running_seconds - start.running_seconds) / seconds
         first = tuple((cls, ttft) for cls, ttft, at in list(meter.first_tokens) if at >= start.perf)
         accepted = tuple(a - (start.accepted[i] if i < len(start.accepted) else 0)

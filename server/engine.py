@@ -65,6 +65,11 @@ class EngineSnapshot:
     """Time with requests running, by the same rule ..."""
     busy_steps: int = 0
     """... and the steps it took: their ratio is the mean step time."""
+    prefix_cache_queries: int = 0
+    """Prompt tokens the scheduler looked up in the prefix cache (vLLM's
+    ``prefix_cache_stats.queries``, summed over steps) ..."""
+    prefix_cache_hits: int = 0
+    """... and those it found cached: their ratio is the prefix-cache hit rate."""
 
 
 def _stat_logger_factory(snapshot: EngineSnapshot):
@@ -90,6 +95,10 @@ def _stat_logger_factory(snapshot: EngineSnapshot):
             snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage
             snapshot.steps += 1
             snapshot.updated = now
+            cache = scheduler_stats.prefix_cache_stats
+            if cache is not None and cache.queries:
+                snapshot.prefix_cache_queries += cache.queries
+                snapshot.prefix_cache_hits += cache.hits
             spec = scheduler_stats.spec_decoding_stats
             if spec is not None:
                 snapshot.drafts += spec.num_drafts

@@ -316,6 +316,7 @@ class CompletionService:
                 spec.per_batch_size.extend(pb.BatchSizeK(min_batch_size=a, max_batch_size=b, num_speculative_tokens=k)
                                            for a, b, k in running.per_batch_size)
         lim = cfg.limits
+        snap = getattr(engine, "snapshot", None)
         return pb.ServerInfo(
             server_version=__version__,
             model=public_model_name(cfg.target_path()),
@@ -336,6 +337,8 @@ class CompletionService:
             prompt_format=cfg.preset.prompt_format,
             state=self.engines.state,
             preset=cfg.preset.name,
+            prefix_cache_queried_tokens=snap.prefix_cache_queries if snap is not None else 0,
+            prefix_cache_hit_tokens=snap.prefix_cache_hits if snap is not None else 0,
         )
 
 

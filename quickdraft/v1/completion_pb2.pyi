@@ -253,7 +253,7 @@ class Limits(_message.Message):
     def __init__(self, max_concurrent_streams: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., max_context_files: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., prompt_budget_tokens: _Optional[int] = ..., chars_per_token: _Optional[float] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("server_version", "model", "drafter", "vllm_version", "hardware", "speculative", "limits", "prompt_format", "state", "preset")
+    __slots__ = ("server_version", "model", "drafter", "vllm_version", "hardware", "speculative", "limits", "prompt_format", "state", "preset", "prefix_cache_queried_tokens", "prefix_cache_hit_tokens")
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +264,8 @@ class ServerInfo(_message.Message):
     PROMPT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PRESET_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     model: str
     drafter: str
@@ -274,7 +276,9 @@ class ServerInfo(_message.Message):
     prompt_format: str
     state: str
     preset: str
-    def __init__(self, server_version: _Optional[str] = ..., model: _Optional[str] = ..., drafter: _Optional[str] = ..., vllm_version: _Optional[str] = ..., hardware: _Optional[str] = ..., speculative: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., prompt_format: _Optional[str] = ..., state: _Optional[str] = ..., preset: _Optional[str] = ...) -> None: ...
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    def __init__(self, server_version: _Optional[str] = ..., model: _Optional[str] = ..., drafter: _Optional[str] = ..., vllm_version: _Optional[str] = ..., hardware: _Optional[str] = ..., speculative: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., prompt_format: _Optional[str] = ..., state: _Optional[str] = ..., preset: _Optional[str] = ..., prefix_cache_queried_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ...) -> None: ...
 
 class GetControllerStateRequest(_message.Message):
     __slots__ = ()

@@ -321,7 +321,7 @@ class MeasureSettings:
     controller loop ticks this often while measuring) ..."""
     min_tokens: int = 128
     """... and until the streams decoded this many tokens (a quiet window is
-    extended)."""
+    extended, to ten times ``window_s`` at most)."""
     windows_kept: int = 4
     """Windows kept per (load level, config); its TPOT is their token-weighted mean."""
     levels_per_doubling: int = 2

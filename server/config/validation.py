@@ -257,6 +257,7 @@ def _check_listeners(cfg: QuickdraftConfig) -> None:
             raise ConfigError(f"{name} = {host!r} is not a loopback address; set server.allow_remote = true to serve other machines (and consider TLS and auth)")
     _rule(srv.grace_period_s >= 0, "server.grace_period_s", srv.grace_period_s, "use 0 or more seconds")
     _rule(srv.retire_timeout_s >= 0, "server.retire_timeout_s", srv.retire_timeout_s, "use 0 or more seconds")
+    _rule(tel.never_shown_grace_s >= 0, "telemetry.never_shown_grace_s", tel.never_shown_grace_s, "use 0 or more seconds")
     _rule(srv.log_level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), "server.log_level", srv.log_level,
           "use DEBUG, INFO, WARNING, ERROR or CRITICAL")
 

@@ -231,6 +231,7 @@ class Controller:
             return self.safety.banned(c, now)
 
         running = self.exploration.running(now)  # a probe on another engine runs its course
+        for_the_model = banned
         if self.measuring and running is None:
             live = self._warm.live
             assert live is not None
@@ -239,12 +240,11 @@ class Controller:
                 return self._emit(now, load, verdict, self.measured.active_plan(now) or active)
             if verdict.code != "best" or all(live(c) for c in st.candidates):
                 return self._hold(now, load, verdict, active)
+
             # Settled among the live settings; a setting that needs another
             # engine (another drafter, a larger K) is still the model's call.
-            live_banned = banned
-
-            def banned(c: SpecConfig) -> bool:
-                return live_banned(c) or live(c)
+            def for_the_model(c: SpecConfig) -> bool:
+                return banned(c) or live(c)
 
         if not est.ready:
             return self._hold(now, load, Verdict.hold("no_data", "no measurements yet"))
@@ -252,10 +252,10 @@ class Controller:
             return self._hold(now, load, running)
         probe_note = self.exploration.finish(est, now, load)
         verdict = self.policy.judge(est, now, load, active, self.times, warm=self._warm, k_cap=self.safety.k_cap,
-                                    banned=banned, probe_note=probe_note)
+                                    banned=for_the_model, probe_note=probe_note)
         if verdict.may_explore:
             verdict = self.exploration.propose(est, now, load, active, verdict, self.times, warm=self._warm,
-                                               k_cap=self.safety.k_cap, banned=banned)
+                                               k_cap=self.safety.k_cap, banned=for_the_model)
         if verdict.action == "hold":
             return self._hold(now, load, verdict, active)
         return self._emit(now, load, verdict, active)
