@@ -72,7 +72,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +82,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "prefetch": {"stablePrompt": True, "prefetchAfterAccept": True},
 }
 BASE = "base"
-GRACE_S = 3.0
+GRACE_S = 3.0  # telemetry.never_shown_grace_s of the server started here
 TABS = 2  # modules the typed file imports, open beside it
-DEBUG = bool(os.environ.get("QUICKDRAFT_TYPING_DEBUG"))  # telemetry.never_shown_grace_s of the server started here
 MAX_FILE_BYTES = 200_000
 
 
@@ -413,8 +412,6 @@ class Session:
             matched = next((k for k, (a, b) in enumerate(zip(text, ahead)) if a != b), min(len(text), len(ahead)))
             suggestion = {**self.tags, "sid": sid, "chars": len(text), "matched_chars": matched, "trigger": record["trigger"],
                           "latency_ms": record["latency_ms"], "accepted": False}
-            if DEBUG:
-                print(f"shown {text!r} at {self.text[self.text.rfind(chr(10), 0, self.cursor) + 1:self.cursor]!r} ahead {ahead[:len(text) + 10]!r}", file=sys.stderr)
             self.suggestions.append(suggestion)
             self.displayed = Shown(sid, text if empty_range else "", suggestion, now)
             self.outcome(sid, "shown")
