@@ -1,14 +1,18 @@
 """Shared pieces of the LSP bridge benchmarks: a realistic large source file,
-percentiles, and the markdown/JSON report every benchmark prints and writes."""
+the bridge started under a real LSP client, percentiles, and the
+markdown/JSON report every benchmark prints and writes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import platform
 import random
 import statistics
+import sys
 from collections.abc import Sequence
+from typing import Any
 
 # Names the generated file calls and the helper modules define, so that the
 # repository context has something to find.
@@ -81,6 +85,44 @@ def helper_modules() -> dict[str, str]:
     io = "\n\n".join(f"def {name}(value, retries=3):\n    return value\n" for name in HELPERS[3:6])
     maps = "\n\n".join(f"def {name}(value, retries=3):\n    return dict(value)\n" for name in HELPERS[6:])
     return {"helpers/__init__.py": "", "helpers/text.py": text, "helpers/io.py": io, "helpers/maps.py": maps}
+
+
+async def start_bridge(address: str, root: str, name: str, *, settings: dict, experimental: dict | None = None,
+                       utf16: bool = False) -> tuple[Any, asyncio.Event, Any]:
+    """``quickdraft lsp`` as a subprocess under a pygls client, initialized on
+    the workspace ``root``: (client, an event set once the bridge reports its
+    server up, the InitializeResult)."""
+    from pathlib import Path
+
+    from lsprotocol import types
+    from pygls.lsp.client import LanguageClient
+
+    client = LanguageClient(name, "1")
+    up = asyncio.Event()
+
+    @client.feature("quickdraft/status")
+    def status(params) -> None:
+        state = params["state"] if isinstance(params, dict) else getattr(params, "state", None)
+        if state == "up":
+            up.set()
+
+    @client.feature(types.WINDOW_LOG_MESSAGE)
+    def log_message(params) -> None:
+        pass
+
+    await client.start_io(sys.executable, "-m", "quickdraft.lsp_bridge", "--server", address, "--log-level", "WARNING")
+    general = types.GeneralClientCapabilities(position_encodings=[types.PositionEncodingKind.Utf16]) if utf16 else None
+    result = await client.initialize_async(types.InitializeParams(
+        capabilities=types.ClientCapabilities(
+            general=general,
+            text_document=types.TextDocumentClientCapabilities(inline_completion=types.InlineCompletionClientCapabilities()),
+            experimental=experimental,
+        ),
+        initialization_options=settings,
+        workspace_folders=[types.WorkspaceFolder(uri=Path(root).as_uri(), name=os.path.basename(root))],
+    ))
+    client.initialized(types.InitializedParams())
+    return client, up, result
 
 
 def percentiles(samples_ms: Sequence[float]) -> dict[str, float]:

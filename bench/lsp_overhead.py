@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import random
-import sys
 import tempfile
 import time
 
@@ -29,7 +28,7 @@ import grpc.aio
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
-from quickdraft.bench.lsp_common import generate_python, percentiles, report
+from quickdraft.bench.lsp_common import generate_python, percentiles, report, start_bridge
 from quickdraft.client import AsyncCompletionClient, RetryPolicy
 from quickdraft.lsp_bridge.completer import make_request
 from quickdraft.lsp_bridge.context import Budget, ContextEngine
@@ -63,30 +62,7 @@ async def _start_canned() -> tuple[grpc.aio.Server, str]:
 
 
 async def _bridge_client(address: str, root: str) -> tuple[LanguageClient, asyncio.Event]:
-    client = LanguageClient("lsp-overhead-bench", "1")
-    up = asyncio.Event()
-
-    @client.feature("quickdraft/status")
-    def status(params) -> None:
-        state = params["state"] if isinstance(params, dict) else getattr(params, "state", None)
-        if state == "up":
-            up.set()
-
-    @client.feature(types.WINDOW_LOG_MESSAGE)
-    def log_message(params) -> None:
-        pass
-
-    await client.start_io(sys.executable, "-m", "quickdraft.lsp_bridge", "--server", address, "--log-level", "WARNING")
-    await client.initialize_async(
-        types.InitializeParams(
-            capabilities=types.ClientCapabilities(
-                text_document=types.TextDocumentClientCapabilities(inline_completion=types.InlineCompletionClientCapabilities())
-            ),
-            initialization_options={"debounceMs": 0},
-            workspace_folders=[types.WorkspaceFolder(uri="file://" + root, name=os.path.basename(root))],
-        )
-    )
-    client.initialized(types.InitializedParams())
+    client, up, _ = await start_bridge(address, root, "lsp-overhead-bench", settings={"debounceMs": 0})
     return client, up
 
 

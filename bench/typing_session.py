@@ -64,7 +64,6 @@ import asyncio
 import itertools
 import json
 import math
-import os
 import random
 import re
 import shutil
@@ -75,6 +74,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from quickdraft.bench.lsp_common import start_bridge
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "base": {"stablePrompt": False, "prefetchAfterAccept": False},
@@ -254,35 +255,10 @@ class Bridge:
 
     @classmethod
     async def start(cls, address: str, root: str, settings: dict) -> "Bridge":
-        from lsprotocol import types
-        from pygls.lsp.client import LanguageClient
-
         from quickdraft.lsp_bridge.outcomes import CAPABILITY
 
-        client = LanguageClient("quickdraft-bench-typing", "1")
-        up = asyncio.Event()
-
-        @client.feature("quickdraft/status")
-        def status(params) -> None:
-            state = params["state"] if isinstance(params, dict) else getattr(params, "state", None)
-            if state == "up":
-                up.set()
-
-        @client.feature(types.WINDOW_LOG_MESSAGE)
-        def log_message(params) -> None:
-            pass
-
-        await client.start_io(sys.executable, "-m", "quickdraft.lsp_bridge", "--server", address, "--log-level", "WARNING")
-        result = await client.initialize_async(types.InitializeParams(
-            capabilities=types.ClientCapabilities(
-                general=types.GeneralClientCapabilities(position_encodings=[types.PositionEncodingKind.Utf16]),
-                text_document=types.TextDocumentClientCapabilities(inline_completion=types.InlineCompletionClientCapabilities()),
-                experimental={CAPABILITY: True},
-            ),
-            initialization_options=settings,
-            workspace_folders=[types.WorkspaceFolder(uri=Path(root).as_uri(), name=os.path.basename(root))],
-        ))
-        client.initialized(types.InitializedParams())
+        client, up, result = await start_bridge(address, root, "quickdraft-bench-typing", settings=settings,
+                                                experimental={CAPABILITY: True}, utf16=True)
         await asyncio.wait_for(up.wait(), 60)
         encoding = result.capabilities.position_encoding or "utf-16"
         return cls(client, str(encoding))
