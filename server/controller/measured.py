@@ -64,10 +64,6 @@ class Window:
     """... and how many were accepted at each draft position."""
 
     @property
-    def tpot_s(self) -> float | None:
-        return self.decode_seconds / self.decode_tokens if self.decode_tokens > 0 else None
-
-    @property
     def step_s(self) -> float | None:
         return self.busy_seconds / self.steps if self.steps > 0 and self.busy_seconds > 0 else None
 
