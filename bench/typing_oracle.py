@@ -6,12 +6,26 @@ suggestion), so the typist accepts none and prefetching after an acceptance
 never runs. To measure what the bridge does around acceptances, this gRPC
 servicer stands in for the server: it answers each ``Complete`` with the text
 the typist is about to type (the rest of the line, or the next lines for a
-block), right for a share ``P`` of the requests (chosen by request id) and
+block), right for a share ``P`` of the places asked (chosen by file and place, so
+that every variant meets the same right and wrong answers) and
 with a wrong word inserted otherwise, after a fixed time to the first token
 and a fixed time per token (4 characters each). It keeps the figures the real
 server keeps for the benchmark: output tokens of cancelled requests, and of
 finished ones never reported shown (judged when the figures are read, after
 ``GRACE_S``). Engine figures (the prefix cache) stay 0: there is no engine.
+
+``EngineBacked`` (``--oracle P --oracle-engine``) keeps the engine: each
+``Complete`` goes on to the real server, whose stream sets the pace (its time
+to the first token, its tokens) and whose figures are read (prefix cache,
+wasted tokens, outcomes: the bridge's request ids and reports pass through),
+while the text streamed back is the stand-in's, as many characters per
+engine chunk as the engine wrote, the rest with the engine's final message.
+So acceptances happen as often as ``P`` says, and what prefetching costs and
+saves is the engine's.
+
+The stand-in answers for the place the prompt asks about: the cursor, the
+start of its line (a blank line's prompt starts it afresh), or the start of
+the next line (the bridge's next-line prefetch, asked before Enter).
 """
 
 from __future__ import annotations
@@ -51,19 +65,18 @@ class Oracle(CompletionServicer):
     _finished: dict = field(default_factory=dict)
 
     def answer(self, request: pb.CompleteRequest) -> str:
-        """What the typist will type at the request's cursor, right or wrong."""
+        """What the typist will type where the request asks, right or wrong."""
         session = self.sessions.get(request.file_path)
         if session is None or session.typo:
             return "pass"
-        line_start = session.text.rfind("\n", 0, session.cursor) + 1
-        typed_on_line = session.text[line_start : session.cursor]
-        asked_on_line = request.prefix[request.prefix.rfind("\n") + 1 :]
-        # A blank line is asked from its start (the bridge's blankLineFromLineStart): the indentation goes first.
-        lead = typed_on_line[len(asked_on_line) :] if typed_on_line.startswith(asked_on_line) else ""
-        text = lead + session.span[session.i :]
+        final = session.before[: session.start] + session.span + session.before[session.start :]
+        asked = asked_at(final, session.start + session.i, request.prefix)
+        if asked is None:
+            return "pass"
+        text = final[asked : session.start + len(session.span)]
         lines = text.split("\n")
         text = lines[0] if "\n" in request.stop else "\n".join(lines[:BLOCK_LINES])
-        rng = random.Random(request.request_id)
+        rng = random.Random(f"{request.file_path}:{asked}")
         if text.strip() and rng.random() >= self.accuracy:
             words = text.split(" ")
             at = rng.randrange(len(words))
@@ -106,6 +119,68 @@ class Oracle(CompletionServicer):
                 self.never_shown_tokens += finished.tokens
         return pb.OutcomeStats(total=pb.OutcomeFigures(shown=len(self.shown), wasted_tokens_cancelled=self.cancelled_tokens,
                                                        wasted_tokens_never_shown=self.never_shown_tokens), never_shown_grace_s=GRACE_S)
+
+
+def asked_at(final: str, cursor: int, prefix: str, tail: int = 200) -> int | None:
+    """Where in ``final`` (the file as it will be) a prompt's prefix ends: at the
+    cursor, at the start of its line, or after the line break that follows it;
+    None when the prefix ends none of these."""
+    end = prefix[-tail:]
+    line_start = final.rfind("\n", 0, cursor) + 1
+    candidates = [cursor, line_start]
+    if final.startswith("\n", cursor):
+        candidates.append(cursor + 1)
+    return next((q for q in candidates if final[:q].endswith(end)), None)
+
+
+@dataclass
+class EngineBacked(Oracle):
+    """The stand-in's text at the real server's pace and cost (``upstream``: its HOST:PORT)."""
+
+    upstream: str = ""
+    _channel: object = None
+    _stub: object = None
+
+    def stub(self):
+        if self._stub is None:
+            from quickdraft.v1.completion_pb2_grpc import CompletionStub
+
+            self._channel = grpc.aio.insecure_channel(self.upstream)
+            self._stub = CompletionStub(self._channel)
+        return self._stub
+
+    async def Complete(self, request, context):
+        text = self.answer(request)
+        call = self.stub().Complete(request)
+        sent = 0
+        try:
+            async for response in call:
+                if response.HasField("final"):
+                    if sent < len(text):
+                        yield pb.CompleteResponse(text=text[sent:])
+                    yield response
+                    return
+                n = max(1, len(response.text))
+                if sent < len(text):
+                    yield pb.CompleteResponse(text=text[sent : sent + n])
+                    sent += n
+        except grpc.aio.AioRpcError as err:
+            await context.abort(err.code(), err.details())
+        finally:
+            call.cancel()  # the bridge cancelled: so does the engine
+
+    async def GetServerInfo(self, request, context):
+        return await self.stub().GetServerInfo(request)
+
+    async def ReportOutcomes(self, request, context):
+        return await self.stub().ReportOutcomes(request)
+
+    async def GetOutcomeStats(self, request, context):
+        return await self.stub().GetOutcomeStats(request)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
 
 
 async def start(oracle: Oracle) -> tuple[grpc.aio.Server, str]:

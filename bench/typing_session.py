@@ -2,6 +2,7 @@
 
     quickdraft bench typing [--rounds 2] [--chars 120] [--variants base,stable,prefetch]
                             [--server HOST:PORT] [--set SECTION.KEY=VALUE] [--out bench/results/typing]
+                            [--oracle P [--oracle-engine]] [--offline]
 
 An LSP client drives ``python -m quickdraft.lsp_bridge`` over stdio as an
 editor would (``didChange`` per keystroke, an automatic
@@ -43,14 +44,19 @@ share of them the typist accepted; engine output tokens wasted (cancelled,
 and finished but never shown: the server's ``GetOutcomeStats``, read after
 ``telemetry.never_shown_grace_s``) per new suggestion shown; the prefix-cache
 hit rate (``GetServerInfo``'s ``prefix_cache_hit_tokens`` over
-``prefix_cache_queried_tokens``); and the bridge's own counters
-(``quickdraft/bridgeStats``). Ratios against ``base`` per round and pooled.
-Written as JSON and Markdown to ``--out``.
+``prefix_cache_queried_tokens``); the time from Enter right after an
+acceptance to the answer on the new line (what the next-line prefetch is
+for); and the bridge's own counters (``quickdraft/bridgeStats``). Ratios
+against ``base`` per round and pooled, and prefetch on against off
+(``prefetch`` / ``stable``). Written as JSON and Markdown to ``--out``.
 
 ``--oracle P`` replaces the server with a stand-in model that answers what
 the typist will type, right for a share P of requests (bench/typing_oracle.py):
 the embedded model's suggestions almost never match the code, so without it
-no suggestion is accepted and prefetching never runs. ``--offline`` starts
+no suggestion is accepted and prefetching never runs. With ``--oracle-engine``
+the stand-in's text streams at the pace of the real server (started here, or
+``--server``), which does the work and keeps the figures: what prefetching
+costs and saves on the engine, with acceptances as often as ``P`` says. ``--offline`` starts
 nothing: every keystroke's prompt is built in process and looked up in a model
 of vLLM's prefix cache (``--block-size``: 16 as on a GPU, 128 as on a CPU),
 base against stable, deterministically.
@@ -310,6 +316,7 @@ class Session:
         self.displayed: Shown | None = None
         self.changed = asyncio.Event()
         self.redone: set[int] = set()
+        self.just_accepted = False  # the last edit was an acceptance: Enter next is "accept_enter"
 
     # -- LSP ---------------------------------------------------------------
 
@@ -437,8 +444,10 @@ class Session:
         self.outcome(shown.sid, "accepted", shownMs=(time.monotonic() - shown.shown_at) * 1e3, acceptance="whole")
         self.i += len(shown.text)
         self.edit(self.cursor, self.cursor, shown.text, "accept")
+        self.just_accepted = True
 
     def type_text(self, chunk: str, trigger: str) -> None:
+        self.just_accepted = False
         shown = self.displayed
         if shown is not None:
             if shown.text.startswith(chunk) and len(chunk) < len(shown.text):
@@ -449,6 +458,7 @@ class Session:
         self.edit(self.cursor, self.cursor, chunk, trigger)
 
     def delete_back(self, n: int, trigger: str) -> None:
+        self.just_accepted = False
         if self.displayed is not None:
             self.end_displayed("rejected", rejection="typedOver")
         self.edit(self.cursor - n, self.cursor, "", trigger)
@@ -490,7 +500,8 @@ class Session:
                 self.typo = False
                 gap = typist.key_gap(rng)
                 continue
-            self.type_text(chunk, "type")
+            # Enter right after an acceptance: the request the next-line prefetch is for.
+            self.type_text(chunk, "accept_enter" if self.just_accepted and chunk.startswith("\n") else "type")
             self.i += len(chunk)
             gap = typist.line_gap(rng) if chunk.startswith("\n") else typist.key_gap(rng)
         elapsed = time.monotonic() - t0
@@ -605,6 +616,8 @@ def summarize(requests: list[dict], suggestions: list[dict], blocks: list[dict])
     # it was asked for (shown or empty): what prefetching is for.
     after_accept = [r["latency_ms"] for r in requests if r["trigger"] == "accept" and r["outcome"] in ("new", "same", "empty")]
     shown_after_accept = sum(1 for s in suggestions if s["trigger"] == "accept")
+    # Enter right after an acceptance: the next line, what the next-line prefetch asks before Enter.
+    next_line = [r for r in requests if r["trigger"] == "accept_enter" and r["outcome"] in ("new", "same", "empty")]
     shown = len(suggestions)
     accepted = sum(1 for s in suggestions if s["accepted"])
     wasted = server["wasted_tokens_cancelled"] + server["wasted_tokens_never_shown"]
@@ -624,6 +637,9 @@ def summarize(requests: list[dict], suggestions: list[dict], blocks: list[dict])
         "after_accept_p50_ms": _pct(after_accept, 0.5),
         "after_accept_p90_ms": _pct(after_accept, 0.9),
         "after_accept_shown": shown_after_accept,
+        "next_line_n": len(next_line),
+        "next_line_p50_ms": _pct([r["latency_ms"] for r in next_line], 0.5),
+        "next_line_shown": sum(1 for r in next_line if r["outcome"] in ("new", "same")),
         "wasted_tokens": wasted,
         "wasted_per_shown": _ratio(wasted, shown),
         "prefix_cache_hit_rate": _ratio(server["prefix_cache_hit_tokens"], server["prefix_cache_queried_tokens"]),
@@ -636,8 +652,10 @@ def summarize(requests: list[dict], suggestions: list[dict], blocks: list[dict])
     }
 
 
-RATIO_KEYS = ("shown_p50_ms", "shown_p90_ms", "after_accept_p50_ms", "shown_per_min", "accept_share", "wasted_per_shown",
-              "prefix_cache_hit_rate", "computed_per_model_request")
+RATIO_KEYS = ("shown_p50_ms", "shown_p90_ms", "after_accept_p50_ms", "next_line_p50_ms", "shown_per_min", "accept_share",
+              "wasted_per_shown", "prefix_cache_hit_rate", "computed_per_model_request")
+# Prefetch on against off, the prompts alike: the variants compared besides base.
+PREFETCH_PAIR = ("prefetch", "stable")
 
 
 def analyze(requests: list[dict], suggestions: list[dict], blocks: list[dict], base: str = BASE) -> dict:
@@ -650,14 +668,14 @@ def analyze(requests: list[dict], suggestions: list[dict], blocks: list[dict], b
 
     pooled = {v: summarize(pick(requests, v), pick(suggestions, v), pick(blocks, v)) for v in variants}
     per_round = {v: {r: summarize(pick(requests, v, r), pick(suggestions, v, r), pick(blocks, v, r)) for r in rounds} for v in variants}
-    ratios: dict[str, dict] = {}
-    if base in pooled:
-        for v in variants:
-            if v == base:
-                continue
-            ratios[v] = {k: {"pooled": _ratio(pooled[v][k], pooled[base][k]),
-                             "rounds": [_ratio(per_round[v][r][k], per_round[base][r][k]) for r in rounds]} for k in RATIO_KEYS}
-    return {"variants": pooled, "per_round": per_round, "ratios_to_base": ratios}
+    def compare(v: str, against: str) -> dict:
+        return {k: {"pooled": _ratio(pooled[v][k], pooled[against][k]),
+                    "rounds": [_ratio(per_round[v][r][k], per_round[against][r][k]) for r in rounds]} for k in RATIO_KEYS}
+
+    ratios = {v: compare(v, base) for v in variants if v != base} if base in pooled else {}
+    on, off = PREFETCH_PAIR
+    prefetch = compare(on, off) if on in pooled and off in pooled else {}
+    return {"variants": pooled, "per_round": per_round, "ratios_to_base": ratios, "prefetch_on_off": prefetch}
 
 
 def markdown(doc: dict) -> str:
@@ -674,6 +692,9 @@ def markdown(doc: dict) -> str:
         ("... of which shown (not empty)", "after_accept_shown", "{:.0f}"),
         ("acceptance to that answer, p50 (ms)", "after_accept_p50_ms", "{:.1f}"),
         ("acceptance to that answer, p90 (ms)", "after_accept_p90_ms", "{:.1f}"),
+        ("Enter right after an acceptance, answered", "next_line_n", "{:.0f}"),
+        ("... of which shown (the next line)", "next_line_shown", "{:.0f}"),
+        ("Enter to that answer, p50 (ms)", "next_line_p50_ms", "{:.1f}"),
         ("accepted share of shown", "accept_share", "{:.1%}"),
         ("characters of a suggestion matching what came next (mean)", "matched_chars_mean", "{:.1f}"),
         ("wasted engine tokens per shown", "wasted_per_shown", "{:.1f}"),
@@ -698,6 +719,12 @@ def markdown(doc: dict) -> str:
                 per = ", ".join("n/a" if math.isnan(x) else f"{x:.2f}" for x in r[key]["rounds"])
                 cells.append(("n/a" if math.isnan(r[key]["pooled"]) else f"{r[key]['pooled']:.2f}") + f" [{per}]")
             lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    if a.get("prefetch_on_off"):
+        on, off = PREFETCH_PAIR
+        lines += ["", f"Prefetch on / off (`{on}` / `{off}`; pooled; per round in brackets):", "", "| ratio | value |", "|---|---:|"]
+        for key, r in a["prefetch_on_off"].items():
+            per = ", ".join("n/a" if math.isnan(x) else f"{x:.2f}" for x in r["rounds"])
+            lines.append(f"| {key} | " + ("n/a" if math.isnan(r["pooled"]) else f"{r['pooled']:.2f}") + f" [{per}] |")
     keys = sorted({k for v in variants for k in a["variants"][v]["bridge"]})
     if keys:
         lines += ["", "Bridge counters (`quickdraft/bridgeStats`):", "", "| counter | " + " | ".join(variants) + " |",
@@ -816,11 +843,11 @@ async def _run_all(args: argparse.Namespace, address: str, plan: list[list[Targe
     suggestions: list[dict] = []
     blocks: list[dict] = []
     variants = [v for v in args.variants.split(",") if v]
+    from quickdraft.bench import typing_oracle
+
     oracle = oracle_server = None
     if args.oracle is not None:
-        from quickdraft.bench import typing_oracle
-
-        oracle = typing_oracle.Oracle(args.oracle)
+        oracle = typing_oracle.EngineBacked(args.oracle, upstream=address) if args.oracle_engine else typing_oracle.Oracle(args.oracle)
         oracle_server, address = await typing_oracle.start(oracle)
     try:
         if args.warmup_chars > 0:
@@ -835,6 +862,8 @@ async def _run_all(args: argparse.Namespace, address: str, plan: list[list[Targe
     finally:
         if oracle_server is not None:
             await oracle_server.stop(0)
+        if isinstance(oracle, typing_oracle.EngineBacked):
+            await oracle.close()
     return {"requests": requests, "suggestions": suggestions, "blocks": blocks}
 
 
@@ -846,6 +875,12 @@ def run(args: argparse.Namespace) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         print(f"quickdraft bench typing: unknown variants {unknown}; pick from {', '.join(VARIANTS)}", file=sys.stderr)
+        return 2
+    if args.oracle_engine and args.oracle is None:
+        print("quickdraft bench typing: --oracle-engine needs --oracle P (the share of places the stand-in answers right)", file=sys.stderr)
+        return 2
+    if args.oracle is not None and not 0.0 <= args.oracle <= 1.0:
+        print(f"quickdraft bench typing: --oracle is a share between 0 and 1, not {args.oracle}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -867,7 +902,7 @@ def run(args: argparse.Namespace) -> int:
     server = None
     grace_s = GRACE_S
     try:
-        if args.oracle is not None:
+        if args.oracle is not None and not args.oracle_engine:
             from quickdraft.bench.typing_oracle import GRACE_S as oracle_grace
 
             address, grace_s = "", oracle_grace  # started in _run_all
@@ -898,8 +933,7 @@ def run(args: argparse.Namespace) -> int:
         "typist": asdict(typist),
         "targets": [[{"file": t.rel, "chars": t.end - t.start} for t in r] for r in plan],
         "wall_s": wall_s,
-        "server": (f"stand-in model right for {args.oracle:.0%} of requests (bench/typing_oracle.py)" if args.oracle is not None
-                   else args.server or "quickdraft serve (embedded), started here"),
+        "server": _server_label(args),
         "server_overrides": list(args.set),
         "command": "quickdraft bench typing " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "typing"] else sys.argv[1:]),
         "analysis": analyze(records["requests"], records["suggestions"], records["blocks"]),
@@ -913,6 +947,14 @@ def run(args: argparse.Namespace) -> int:
     print(md)
     print(f"typing: wrote {out / 'typing.json'} and {out / 'typing.md'} ({wall_s / 60:.1f} min)", file=sys.stderr)
     return 0
+
+
+def _server_label(args: argparse.Namespace) -> str:
+    engine = args.server or "quickdraft serve (embedded), started here"
+    if args.oracle is None:
+        return engine
+    stand_in = f"stand-in text right for {args.oracle:.0%} of requests (bench/typing_oracle.py)"
+    return f"{stand_in}, at the pace and cost of {engine}" if args.oracle_engine else f"{stand_in}, no engine"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -931,6 +973,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle", type=float, metavar="P",
                    help="instead of a server, a stand-in model that answers what the typist will type, right for a share P of "
                         "requests (bench/typing_oracle.py): measures prefetching, which the embedded model's rare matches never start")
+    p.add_argument("--oracle-engine", action="store_true",
+                   help="with --oracle: the stand-in's text at the pace and cost of the real server (started here, or --server), "
+                        "whose prefix cache and waste figures are read")
     p.add_argument("--offline", action="store_true",
                    help="no server, no bridge process: every keystroke's prompt, built in process, against a model of vLLM's prefix cache")
     p.add_argument("--block-size", type=int, default=16, help="--offline: the cache's block size (16: vLLM on a GPU; 128: on a CPU)")

@@ -150,6 +150,32 @@ def decide_shape(opened: OpenDocument, tree: ts.Tree | None, offset: int) -> Sha
     return Shape(multiline, line_prefix, line_suffix, next_lines, style)
 
 
+def next_line_shape(opened: OpenDocument, offset: int) -> Shape | None:
+    """The shape of the blank line the user gets by pressing Enter at ``offset``,
+    the end of a line, before they press it: indented as an editor indents (as
+    the line above, one level deeper after a block opener), a block when that
+    line opens an empty block. None when code follows ``offset`` on its line."""
+    doc = opened.doc
+    line = doc.line_of(offset)
+    line_start, line_end = doc.line_range(line)
+    if doc.slice(offset, line_end).strip():
+        return None
+    above = doc.slice(line_start, offset)
+    style = opened.spec.block_style if opened.spec is not None else BRACES
+    indent = above[: len(above) - len(above.lstrip(" \t"))]
+    opens = above.rstrip().endswith(_OPENERS[style])
+    if opens:
+        indent += "\t" if indent.startswith("\t") else "    "
+    multiline = False
+    if opens:
+        below = line + 1
+        while below < doc.line_count and not doc.line_text(below).strip():
+            below += 1
+        multiline = below >= doc.line_count or _indent_width(doc.line_text(below)) <= _indent_width(above)
+    next_lines = tuple(doc.line_text(i) for i in range(line + 1, min(doc.line_count, line + 1 + NEXT_LINES)))
+    return Shape(multiline, indent, "", next_lines, style, from_line_start=True)
+
+
 def _opens_empty_block(doc, line: int, style: str) -> bool:
     """Text fallback for trees in error: the line above opens a block and
     nothing below is indented into it yet."""

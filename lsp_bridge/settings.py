@@ -62,9 +62,10 @@ class Settings:
     # keystroke (docs/lsp.md, "Stable prompts").
     stable_prompt: bool = True
     # After a suggestion is accepted (its whole text inserted where it was
-    # shown), ask for the next one at once, at the end of the inserted text,
-    # without waiting for the editor's request or the debounce. Opt in: it
-    # spends engine work on suggestions the editor may never ask for.
+    # shown), ask for the next one at once, without waiting for the editor's
+    # request or the debounce: the next line's, before Enter, when the
+    # suggestion ended its line; else at the end of the inserted text. Opt in:
+    # it spends engine work on suggestions the editor may never ask for.
     prefetch_after_accept: bool = False
     disabled_languages: tuple[str, ...] = field(default_factory=tuple)
 

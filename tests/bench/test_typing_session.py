@@ -112,7 +112,7 @@ async def test_a_block_types_the_function_and_accepts_what_matches(tmp_path, var
 
     package = tmp_path / "src" / "pkg"
     package.mkdir(parents=True)
-    source = "def add(a, b):\n    total = a\n    return a + b\n"
+    source = "def add(a, b):\n    total = a\n    return a + b\n    x = 1\n"
     (package / "mod.py").write_text(source)
     start = source.index("total")
     target = Target(str(package), "pkg/mod.py", start, len(source) - 1)
@@ -124,16 +124,20 @@ async def test_a_block_types_the_function_and_accepts_what_matches(tmp_path, var
         block = await run_block(fake.address, variant, 1, [target], fast, 0, tmp_path / "work", 0.0, requests, suggestions)
     finally:
         await fake.stop()
-    # Typed "total = a", Enter; then "return a + b" was shown and accepted whole,
-    # and the editor asked again where the cursor landed (the fake answers that too).
-    assert [(s["trigger"], s["accepted"], s["matched_chars"]) for s in suggestions[-2:]] == [("type", True, 12), ("accept", False, 0)]
-    assert requests[-1]["trigger"] == "accept" and requests[-1]["outcome"] == "new"
+    # Typed "total = a", Enter; then "return a + b" was shown and accepted whole;
+    # then Enter, where "return a + b" (the fake's answer) was shown again and typed over with "x = 1".
+    accepted = [s for s in suggestions if s["accepted"]]
+    assert [(s["trigger"], s["matched_chars"]) for s in accepted] == [("type", 12)]
+    enter = [r for r in requests if r["trigger"] == "accept_enter"]
+    assert len(enter) == 1 and enter[0]["outcome"] == "new"
     stats = block["bridge"]
     assert 0 < stats["requests"] <= len(requests)  # a request cancelled before its handler ran is not counted
-    assert stats.get("prefetch_started", 0) == (1 if variant == "prefetch" else 0)
-    # The prefetch asked for the end of the accepted line before the editor did, which then took it.
-    assert stats.get("prefetch_used", 0) == (1 if variant == "prefetch" else 0)
+    on = variant == "prefetch"
+    # The prefetch asked for the next line before Enter; the editor's request after Enter took it.
+    assert (stats.get("prefetch_started", 0), stats.get("prefetch_next_line", 0), stats.get("prefetch_used", 0)) == ((1, 1, 1) if on else (0, 0, 0))
     assert len(fake.fake.requests) == stats["model_requests"]
+    summary = summarize(requests, suggestions, [block])
+    assert summary["next_line_n"] == 1 and summary["next_line_shown"] == 1
 
 
 def test_the_prefix_cache_model_hits_whole_blocks_less_the_draft_heads():
@@ -155,14 +159,81 @@ def test_the_oracle_answers_what_the_typist_types_next():
     from quickdraft.bench.typing_oracle import Oracle
     from quickdraft.v1 import completion_pb2 as pb
 
-    text = "def f(a):\n    x = a\n    "
-    session = SimpleNamespace(text=text, cursor=len(text), span="x = a\n    return x\n", i=10, typo=False)
+    before = "def f(a):\n    \n"
+    span = "x = a\n    return x\n    y = 2"
+    typed = "def f(a):\n    x = a\n    "
+    session = SimpleNamespace(before=before, start=14, span=span, i=10, typo=False)
     right, wrong = Oracle(1.0, sessions={"m.py": session}), Oracle(0.0, sessions={"m.py": session})
-    one_line = pb.CompleteRequest(file_path="m.py", prefix=text, stop=["\n"], request_id="r1")
+    one_line = pb.CompleteRequest(file_path="m.py", prefix=typed, stop=["\n"], request_id="r1")
     assert right.answer(one_line) == "return x"
     # A blank line asked from its start (the bridge's rewrite) gets its indentation first.
     from_start = pb.CompleteRequest(file_path="m.py", prefix="def f(a):\n    x = a\n", stop=["\n"], request_id="r2")
     assert right.answer(from_start) == "    return x"
-    block = pb.CompleteRequest(file_path="m.py", prefix=text, request_id="r3")
-    assert right.answer(block) == "return x\n"
+    block = pb.CompleteRequest(file_path="m.py", prefix=typed, request_id="r3")
+    assert right.answer(block) == "return x\n    y = 2"
     assert wrong.answer(one_line) != "return x" and "wrong" in wrong.answer(one_line)
+    # The next-line prefetch: asked at the end of "    return x" before Enter, for the line after it.
+    session.i = len("x = a\n    return x")
+    next_line = pb.CompleteRequest(file_path="m.py", prefix="def f(a):\n    x = a\n    return x\n", request_id="r4")
+    assert right.answer(next_line) == "    y = 2"
+    assert right.answer(pb.CompleteRequest(file_path="m.py", prefix="unrelated", request_id="r5")) == "pass"
+
+
+def test_asked_at_finds_where_the_prompt_ends():
+    from quickdraft.bench.typing_oracle import asked_at
+
+    final = "a = 1\n    b = 2\nc"
+    assert asked_at(final, 11, "    b") == 11  # the cursor
+    assert asked_at(final, 11, "a = 1\n") == 6  # its line's start
+    assert asked_at(final, 15, "b = 2\n") == 16  # after the line break that follows the cursor
+    assert asked_at(final, 11, "zzz") is None
+
+
+def test_prefetch_on_off_ratios_compare_prefetch_with_stable():
+    requests, suggestions, blocks = _records()
+    rename = {"base": "stable", "stable": "prefetch"}
+    for rows in (requests, suggestions, blocks):
+        for row in rows:
+            row["variant"] = rename[row["variant"]]
+    a = analyze(requests, suggestions, blocks)
+    assert a["ratios_to_base"] == {}  # no base variant ran
+    r = a["prefetch_on_off"]
+    assert r["shown_p50_ms"]["pooled"] == pytest.approx(153.0 / 202.0)
+    assert r["prefix_cache_hit_rate"]["rounds"] == [pytest.approx(1.5)] * 2
+    assert r["wasted_per_shown"]["pooled"] == pytest.approx((24 / 6) / (24 / 4))
+    md = markdown({"analysis": a, "rounds": 2, "machine": "test"})
+    assert "Prefetch on / off" in md and "| prefix_cache_hit_rate | 1.50 [1.50, 1.50] |" in md
+
+
+async def test_a_whole_run_against_a_server_without_a_stand_in(tmp_path):
+    import argparse
+
+    from quickdraft.bench.typing_session import Target, Typist, _run_all
+    from tests.lsp.conftest import FakeCompletion, FakeServer
+
+    package = tmp_path / "src" / "pkg"
+    package.mkdir(parents=True)
+    source = "def add(a, b):\n    total = a\n    return a + b\n"
+    (package / "mod.py").write_text(source)
+    target = Target(str(package), "pkg/mod.py", source.index("total"), len(source) - 1)
+    fake = FakeServer(FakeCompletion())
+    await fake.start()
+    args = argparse.Namespace(oracle=None, oracle_engine=False, variants="stable,prefetch", rounds=1, warmup_chars=0, seed=0)
+    fast = Typist(keys_per_s=200.0, line_pause_s=0.2, think_share=0.0, typo_share=0.0, redo_share=0.0, reaction_s=0.01)
+    try:
+        records = await _run_all(args, fake.address, [[target]], fast, tmp_path / "work", 0.0)
+    finally:
+        await fake.stop()
+    assert [(b["round"], b["variant"]) for b in records["blocks"]] == [(1, "stable"), (1, "prefetch")]
+    assert records["suggestions"] and all(s["variant"] in ("stable", "prefetch") for s in records["suggestions"])
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--oracle-engine"], "--oracle-engine needs --oracle P"),
+    (["--oracle", "1.5"], "--oracle is a share between 0 and 1"),
+])
+def test_bad_stand_in_options_are_refused_with_a_reason(argv, said, capsys, tmp_path):
+    from quickdraft.bench.typing_session import main
+
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    assert said in capsys.readouterr().err

@@ -13,7 +13,7 @@ export type MachineSetting = (typeof MACHINE_SETTINGS)[number];
 // Everything else the language server reads; these may differ per workspace.
 export const WORKSPACE_SETTINGS = [
   'enabled', 'debounceMs', 'maxTokens', 'singleLineMaxTokens', 'enableInComments', 'enableInStrings',
-  'maxFileBytes', 'repositoryContext', 'blankLineFromLineStart', 'disabledLanguages',
+  'maxFileBytes', 'repositoryContext', 'blankLineFromLineStart', 'prefetchAfterAccept', 'disabledLanguages',
 ] as const;
 
 // The part of vscode.WorkspaceConfiguration used here.

@@ -1,5 +1,5 @@
--- quickdraft for Neovim (0.10+): inline completions from `quickdraft lsp`,
--- shown as virtual text and accepted with a key.
+-- quickdraft for Neovim (0.7+; best on 0.10+): inline completions from
+-- `quickdraft lsp`, shown as virtual text and accepted with a key.
 --
 -- Neovim's built-in client (before 0.12) has no inline completion UI, so this
 -- module asks for `textDocument/inlineCompletion` itself: after a pause in
@@ -54,9 +54,20 @@ end, function()
   return uv.hrtime() / 1e6
 end)
 
+-- Inline virtual text (drawn at the cursor) came in 0.10; before, the first
+-- line is drawn after the line's end, where the cursor usually is.
+local VIRT_TEXT_POS = vim.fn.has("nvim-0.10") == 1 and "inline" or "eol"
+
 local function client_for(bufnr)
-  local clients = (vim.lsp.get_clients or vim.lsp.get_active_clients)({ bufnr = bufnr, name = "quickdraft" })
-  return clients[1]
+  if vim.lsp.get_clients then
+    return vim.lsp.get_clients({ bufnr = bufnr, name = "quickdraft" })[1]
+  end
+  -- 0.7-0.9: get_active_clients takes no filter in 0.7.
+  for _, client in pairs(vim.lsp.buf_get_clients(bufnr)) do
+    if client.name == "quickdraft" then
+      return client
+    end
+  end
 end
 
 function M.clear()
@@ -109,7 +120,7 @@ local function show(bufnr, row, col, item, client)
   end
   vim.api.nvim_buf_set_extmark(bufnr, ns, row, col, {
     virt_text = { { lines[1], M.config.hl_group } },
-    virt_text_pos = "inline",
+    virt_text_pos = VIRT_TEXT_POS,
     virt_lines = #virt_lines > 0 and virt_lines or nil,
     hl_mode = "combine",
   })
@@ -266,12 +277,35 @@ end
 local function capabilities()
   local caps = vim.lsp.protocol.make_client_capabilities()
   caps.textDocument.inlineCompletion = { dynamicRegistration = false }
-  -- Offer UTF-8 (Neovim's native columns); the server then uses it.
-  caps.general = caps.general or {}
-  caps.general.positionEncodings = { "utf-8", "utf-16" }
+  -- Offer UTF-8 (Neovim's native columns); the server then uses it. Clients
+  -- before 0.10 ignore the server's choice and count UTF-16, so they offer nothing
+  -- and get UTF-16, the mandatory default.
+  if vim.fn.has("nvim-0.10") == 1 then
+    caps.general = caps.general or {}
+    caps.general.positionEncodings = { "utf-8", "utf-16" }
+  end
   -- This client reports suggestion outcomes: the server then puts its accept command on items.
   caps.experimental = vim.tbl_extend("force", caps.experimental or {}, { [outcomes.CAPABILITY] = true })
   return caps
+end
+
+-- 0.7 has no vim.lsp.start: one client per root folder, attached to each buffer.
+local started = {}
+
+local function start_client(config, bufnr)
+  if vim.lsp.start then
+    return vim.lsp.start(config, { bufnr = bufnr })
+  end
+  local id = started[config.root_dir]
+  local client = id and vim.lsp.get_client_by_id(id)
+  if not client or client.is_stopped() then
+    id = vim.lsp.start_client(config)
+    started[config.root_dir] = id
+  end
+  if id then
+    vim.lsp.buf_attach_client(bufnr, id)
+  end
+  return id
 end
 
 local function start(bufnr)
@@ -282,8 +316,8 @@ local function start(bufnr)
   if M.config.filetypes and not vim.tbl_contains(M.config.filetypes, ft) then
     return
   end
-  local root = vim.fs.root and vim.fs.root(bufnr, { ".git", "pyproject.toml", "package.json", "go.mod", "Cargo.toml" })
-  vim.lsp.start({
+  local root = vim.fs and vim.fs.root and vim.fs.root(bufnr, { ".git", "pyproject.toml", "package.json", "go.mod", "Cargo.toml" })
+  start_client({
     name = "quickdraft",
     cmd = M.config.cmd,
     root_dir = root or vim.fn.getcwd(),
@@ -294,7 +328,7 @@ local function start(bufnr)
         state.server_state = result and result.state or "unknown"
       end,
     },
-  }, { bufnr = bufnr })
+  }, bufnr)
 end
 
 function M.setup(opts)
