@@ -344,8 +344,22 @@ def parallel_loss(
     teacher: torch.Tensor,  # [B, T, V] target probabilities (position t predicts t+1)
     valid: torch.Tensor,  # [B, T] bool: position t's prediction may be trained on
     anchors: torch.Tensor,  # [A] real positions to attach slot chains to
+    served_weight: float = 0.0,  # 0: every anchor alike; 1: anchors weighted as a decoder visits them
+    served_k: int = 5,
+    chain_condition: float = 0.0,  # 1: slot k learns only where the drafter's own drafts 1..k were right
 ) -> tuple[torch.Tensor, list[float]]:
-    """P-EAGLE loss: real slots draft token 1, slot k of an anchor drafts token k+1."""
+    """P-EAGLE loss: real slots draft token 1, slot k of an anchor drafts token k+1.
+
+    ``served_weight`` > 0 mixes in weights from :func:`decoder_visit_weights`
+    (the drafter's own chains, no gradient): a served decoder drafts only where
+    its previous step ended, mostly right after a rejected draft, and for the
+    shipped drafter those anchors accept far less at positions 2+ than the
+    average anchor (docs/vllm-notes.md, "Teacher-forced vs served").
+
+    ``chain_condition`` > 0 down-weights slot k of an anchor whose own earlier
+    drafts were wrong: a verifier never reads it there, while the teacher's
+    token after the *true* prefix pulls the slot toward a continuation of a
+    token the drafter did not propose."""
     B, T = ids.shape
     M = drafter.cfg.parallel_slots
     n_real = T - 1
@@ -363,12 +377,25 @@ def parallel_loss(
     lab = torch.arange(1, T, device=ids.device)
     ce0 = soft_ce(logits[:, :n_real], teacher[:, lab])
     w0 = valid[:, lab].float()
+    slot_logits = logits[:, n_real:].view(B, A, M, -1)
+    aw = torch.ones(B, A, device=ids.device)
+    if served_weight > 0 or chain_condition > 0:
+        with torch.no_grad():
+            greedy = teacher.argmax(-1)
+            d = torch.cat([logits[:, anchors].argmax(-1)[:, :, None], slot_logits.argmax(-1)], 2)
+            chains = chain_lengths(d, greedy, anchors, valid)  # [B, A], up to M+1
+    if served_weight > 0:
+        aw = (1 - served_weight) + served_weight * decoder_visit_weights(chains.clamp(max=served_k), served_k, valid[:, anchors + 1])
+        # Draft 1 of anchor j is real slot j's prediction: weigh it like the anchor's chain.
+        w0 = w0.clone()
+        w0[:, anchors] = w0[:, anchors] * aw
     losses.append((ce0 * w0).sum() / w0.sum().clamp(min=1))
     accs.append(((logits[:, :n_real].argmax(-1) == teacher[:, lab].argmax(-1)).float() * w0).sum().item() / max(1.0, w0.sum().item()))
-    slot_logits = logits[:, n_real:].view(B, A, M, -1)
     for k in range(1, M + 1):
         lpos = (anchors + k + 1).clamp(max=T - 1)
-        w = valid[:, lpos].float() * (anchors + k + 1 <= T - 1).float()[None]
+        w = valid[:, lpos].float() * (anchors + k + 1 <= T - 1).float()[None] * aw
+        if chain_condition > 0:
+            w = w * ((1 - chain_condition) + chain_condition * (chains >= k).float())
         lg = slot_logits[:, :, k - 1]
         ce = soft_ce(lg, teacher[:, lpos])
         losses.append((ce * w).sum() / w.sum().clamp(min=1))
@@ -426,6 +453,65 @@ def autoregressive_loss(
     weights = depth_weights(steps)
     loss = sum(wt * l for wt, l in zip(weights, losses)) / sum(weights)
     return loss, accs
+
+
+# --- what a served decoder sees ----------------------------------------------------
+#
+# A greedy draft-and-verify decoder (vLLM, training/reference.py) drafts at anchor a
+# (bonus token x_{a+1}) and, having accepted c drafts, drafts next at anchor a + c + 1.
+# Its drafts at an anchor are exactly the teacher-forced ones there, so its
+# per-step accepted counts are the teacher-forced chains at the anchors it visits;
+# those are mostly anchors right after a rejected draft.
+
+
+def chain_lengths(drafts: torch.Tensor, greedy: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Drafts accepted per anchor, [B, A] from drafts [B, A, K] (draft i of anchor a
+    guesses token a+1+i), greedy [B, T] (greedy[:, t] = the target's token after t)
+    and valid [B, T]. Chains stop where the known tokens or valid positions end."""
+    B, A, K = drafts.shape
+    T = greedy.shape[1]
+    ok = torch.zeros(B, A, K, dtype=torch.bool, device=drafts.device)
+    for i in range(K):
+        lpos = anchors + 1 + i
+        inside = lpos <= T - 1
+        lp = lpos.clamp(max=T - 1)
+        ok[:, :, i] = (drafts[:, :, i] == greedy[:, lp]) & valid[:, lp] & inside[None]
+    return ok.int().cumprod(-1).sum(-1)
+
+
+def decoder_visit_weights(chains: torch.Tensor, k: int, live: torch.Tensor | None = None) -> torch.Tensor:
+    """How often a greedy K-draft decoder drafts at each anchor, [B, A], scaled to
+    mean 1 over live anchors. Decoders start at each of the first k+1 anchors (a
+    served request starts wherever its prompt ends, so no phase is special) and
+    jump chain + 1 anchors per step."""
+    B, A = chains.shape
+    dev = chains.device
+    chains = chains.clamp(max=k)
+    visits = torch.zeros(B, A, device=dev)
+    pos = torch.arange(min(k + 1, A), device=dev)[None].repeat(B, 1)  # [B, S]
+    rows = torch.arange(B, device=dev)[:, None].expand_as(pos)
+    while True:
+        inside = pos < A
+        if not inside.any():
+            break
+        p = pos.clamp(max=A - 1)
+        visits.index_put_((rows[inside], p[inside]), torch.ones(int(inside.sum()), device=dev), accumulate=True)
+        pos = torch.where(inside, pos + chains.gather(1, p) + 1, pos)
+    if live is None:
+        live = torch.ones(B, A, dtype=torch.bool, device=dev)
+    visits = visits * live
+    return visits * live.sum().clamp(min=1) / visits.sum().clamp(min=1e-9)
+
+
+def decoder_steps(chains: list[int], k: int) -> list[int]:
+    """Per-step accepted counts of a greedy K-draft decoder that starts at anchor 0
+    (the prompt's end): what vLLM's per-request counters report."""
+    out, a = [], 0
+    while a < len(chains):
+        c = min(chains[a], k)
+        out.append(c)
+        a += c + 1
+    return out
 
 
 def mean_acceptance_length(per_depth_match: list[float], k: int) -> float:
