@@ -1,5 +1,5 @@
 # The two commands of README.md, and what CI runs (.ci/run).
-.PHONY: serve test ci install install-test vscode editor-setup editor-test
+.PHONY: serve test ci install install-test vscode editor-setup editor-test test-replicas
 
 serve: install
 	.venv/bin/quickdraft serve
@@ -29,6 +29,11 @@ editor-setup:
 # That test alone, with the session server it needs (about a minute once set up).
 editor-test: vscode editor-setup install-test
 	QUICKDRAFT_EDITOR_TEST=require .venv/bin/python -m pytest -q -ra tests/integration/test_vscode_real.py
+
+# `quickdraft serve --replicas` on two real CPU replicas (Ray Serve, docs/scaling.md): opt-in, it takes minutes.
+test-replicas:
+	QUICKDRAFT_REPLICAS=1 scripts/install.sh test
+	QUICKDRAFT_REPLICAS_TEST=1 .venv/bin/python -m pytest -q -ra tests/replicas
 
 install:
 	scripts/install.sh

@@ -34,12 +34,16 @@ def build_request(
     raw_prompt: bool = False,
     request_id: str = "",
     strict_prompt: bool = False,
+    session: str = "",
 ) -> CompleteRequest:
     """A CompleteRequest from keyword arguments (or the given one, unchanged).
 
     A prompt over the server's budget is cut to fit, nearest the cursor kept
     (the final message's ``prompt_fit`` says what went); ``strict_prompt``
     makes it INVALID_ARGUMENT instead, for callers that fit prompts themselves.
+    ``session`` (e.g. "user/repository") keeps a session's requests on one
+    engine replica of a replicated server, where its prefix cache is; empty:
+    the server derives it from the caller and ``repo_name``.
     """
     if request is not None:
         return request
@@ -61,6 +65,7 @@ def build_request(
         latency_class=latency_class,
         raw_prompt=raw_prompt,
         strict_prompt=strict_prompt,
+        session=session,
     )
     if suffix is not None:
         msg.suffix = suffix

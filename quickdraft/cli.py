@@ -1,4 +1,4 @@
-"""The ``quickdraft`` command: serve, complete, pin, stats, token, lsp, tune, bench."""
+"""The ``quickdraft`` command: serve, complete, pin, stats, token, model, lsp, tune, bench."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 # Flags that are shorthands for --set of one setting.
 _SHORTHANDS = (("preset", "model.preset"), ("host", "server.host"), ("port", "server.port"),
-               ("metrics_port", "telemetry.metrics_port"), ("http_port", "http.port"))
+               ("metrics_port", "telemetry.metrics_port"), ("http_port", "http.port"),
+               ("replicas", "replicas.count"))  # --replicas: server/replicas/ (docs/scaling.md)
 
 
 def serve_config(args: argparse.Namespace) -> QuickdraftConfig:
@@ -54,6 +55,20 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"quickdraft serve: configuration error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=cfg.server.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if cfg.replicas.count:  # --replicas N: engine replicas on Ray Serve (server/replicas/)
+        try:
+            import ray.serve  # noqa: F401
+
+            from quickdraft.server.replicas.ingress import ReplicaServer
+        except ImportError as e:
+            print(f"quickdraft serve: --replicas needs Ray Serve ({e}); install it: pip install -e '.[replicas]'", file=sys.stderr)
+            return 2
+        try:
+            server = ReplicaServer(cfg)
+        except ConfigError as e:
+            print(f"quickdraft serve: configuration error: {e}", file=sys.stderr)
+            return 2
+        return asyncio.run(server.serve_forever())
     from quickdraft.server.app import QuickdraftServer
 
     return asyncio.run(QuickdraftServer(cfg).serve_forever())
@@ -222,19 +237,55 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model(args: argparse.Namespace) -> int:
+    """Models built here from installed packages (server/model_cache.py): list, build, verify, path."""
+    from quickdraft.server import model_cache as mc
+
+    names = [args.name] if args.name else list(mc.MODELS)
+    if args.name and args.name not in mc.MODELS:
+        print(f"quickdraft model: unknown model {args.name!r}; choose one of {', '.join(mc.MODELS)}", file=sys.stderr)
+        return 2
+    if args.action == "list":
+        for n in names:
+            state = "built" if mc.is_built(n) else "not built"
+            print(f"{n}\t{state}\t{mc.model_dir(n)}\t{mc.MODELS[n].description}")
+        return 0
+    if not args.name:
+        print(f"quickdraft model {args.action}: name the model ({', '.join(mc.MODELS)})", file=sys.stderr)
+        return 2
+    if args.action == "path":
+        print(mc.model_dir(args.name))
+        return 0
+    if args.action == "verify":
+        problems = mc.verify(mc.model_dir(args.name))
+        for p in problems:
+            print(f"quickdraft model verify: {p}", file=sys.stderr)
+        if not problems:
+            print(f"{args.name}: every file matches {mc.MANIFEST}")
+        return 1 if problems else 0
+    try:
+        path = mc.build(args.name, force=args.force, progress=not args.no_progress)
+    except mc.ModelBuildError as e:
+        print(f"quickdraft model build: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quickdraft", description="Code completions with speculative decoding, for editors.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="start the gRPC server (embedded model by default)")
     p.add_argument("--config", help="TOML configuration file")
-    p.add_argument("--preset", help="embedded, qwen3-coder-30b-p-eagle, gpt-oss-20b-p-eagle, gpt-oss-120b-p-eagle, custom")
+    p.add_argument("--preset", help="embedded, smollm2-135m-base, qwen3-coder-30b-p-eagle, gpt-oss-20b-p-eagle, gpt-oss-120b-p-eagle, custom")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="gRPC port (default 50051)")
     p.add_argument("--metrics-port", type=int, help="Prometheus port (default 9464, 0 = off)")
     p.add_argument("--http", action="store_true", help="also serve the OpenAI-compatible HTTP API")
     p.add_argument("--http-port", type=int, help="HTTP API port (default 8000)")
     p.add_argument("--controller", action="store_true", help="let the adaptive controller pick K and the drafting mode")
+    p.add_argument("--replicas", type=int, help="N engine replicas on Ray Serve, routed by session (docs/scaling.md; default 0: one engine, no Ray)")
     p.add_argument("--set", action="append", metavar="PATH=VALUE",
                    help="any setting by its dotted path (docs/configuration.md), e.g. controller.hysteresis.warm_margin=0.05; repeatable")
     p.set_defaults(func=_serve)
@@ -273,6 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-streams", type=int, help="this user's stream limit (default: limits.max_streams_per_client)")
     p.add_argument("--admin", action="store_true", help="may call PinSpeculation")
     p.set_defaults(func=_token)
+
+    p = sub.add_parser("model", help="models built on this machine from installed packages, no download (list, build, verify, path)")
+    p.add_argument("action", choices=["list", "build", "verify", "path"])
+    p.add_argument("name", nargs="?", help="e.g. smollm2-135m-base (quickdraft model list)")
+    p.add_argument("--force", action="store_true", help="build again even if the cache has it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_model)
 
     from quickdraft.lsp_bridge import cli as lsp_cli
     from quickdraft.bench import tune

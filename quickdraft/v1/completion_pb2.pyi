@@ -71,7 +71,7 @@ class ContextFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
-    __slots__ = ("request_id", "prefix", "suffix", "context_files", "language_id", "file_path", "repo_name", "max_tokens", "temperature", "top_p", "stop", "seed", "latency_class", "raw_prompt", "strict_prompt")
+    __slots__ = ("request_id", "prefix", "suffix", "context_files", "language_id", "file_path", "repo_name", "max_tokens", "temperature", "top_p", "stop", "seed", "latency_class", "raw_prompt", "strict_prompt", "session")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     SUFFIX_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class CompleteRequest(_message.Message):
     LATENCY_CLASS_FIELD_NUMBER: _ClassVar[int]
     RAW_PROMPT_FIELD_NUMBER: _ClassVar[int]
     STRICT_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prefix: str
     suffix: str
@@ -102,7 +103,8 @@ class CompleteRequest(_message.Message):
     latency_class: LatencyClass
     raw_prompt: bool
     strict_prompt: bool
-    def __init__(self, request_id: _Optional[str] = ..., prefix: _Optional[str] = ..., suffix: _Optional[str] = ..., context_files: _Optional[_Iterable[_Union[ContextFile, _Mapping]]] = ..., language_id: _Optional[str] = ..., file_path: _Optional[str] = ..., repo_name: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., latency_class: _Optional[_Union[LatencyClass, str]] = ..., raw_prompt: _Optional[bool] = ..., strict_prompt: _Optional[bool] = ...) -> None: ...
+    session: str
+    def __init__(self, request_id: _Optional[str] = ..., prefix: _Optional[str] = ..., suffix: _Optional[str] = ..., context_files: _Optional[_Iterable[_Union[ContextFile, _Mapping]]] = ..., language_id: _Optional[str] = ..., file_path: _Optional[str] = ..., repo_name: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., latency_class: _Optional[_Union[LatencyClass, str]] = ..., raw_prompt: _Optional[bool] = ..., strict_prompt: _Optional[bool] = ..., session: _Optional[str] = ...) -> None: ...
 
 class SpeculativeStats(_message.Message):
     __slots__ = ("enabled", "parallel_drafting", "num_speculative_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position", "mean_acceptance_length", "config", "live_switches", "config_at_end", "estimated_from_engine")
@@ -253,7 +255,7 @@ class Limits(_message.Message):
     def __init__(self, max_concurrent_streams: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., max_context_files: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., prompt_budget_tokens: _Optional[int] = ..., chars_per_token: _Optional[float] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("server_version", "model", "drafter", "vllm_version", "hardware", "speculative", "limits", "prompt_format", "state", "preset", "prefix_cache_queried_tokens", "prefix_cache_hit_tokens")
+    __slots__ = ("server_version", "model", "drafter", "vllm_version", "hardware", "speculative", "limits", "prompt_format", "state", "preset", "prefix_cache_queried_tokens", "prefix_cache_hit_tokens", "replicas")
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
@@ -266,6 +268,7 @@ class ServerInfo(_message.Message):
     PRESET_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_QUERIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     model: str
     drafter: str
@@ -278,7 +281,32 @@ class ServerInfo(_message.Message):
     preset: str
     prefix_cache_queried_tokens: int
     prefix_cache_hit_tokens: int
-    def __init__(self, server_version: _Optional[str] = ..., model: _Optional[str] = ..., drafter: _Optional[str] = ..., vllm_version: _Optional[str] = ..., hardware: _Optional[str] = ..., speculative: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., prompt_format: _Optional[str] = ..., state: _Optional[str] = ..., preset: _Optional[str] = ..., prefix_cache_queried_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    def __init__(self, server_version: _Optional[str] = ..., model: _Optional[str] = ..., drafter: _Optional[str] = ..., vllm_version: _Optional[str] = ..., hardware: _Optional[str] = ..., speculative: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., prompt_format: _Optional[str] = ..., state: _Optional[str] = ..., preset: _Optional[str] = ..., prefix_cache_queried_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("replica_id", "state", "speculative_config", "open_streams", "max_streams", "predicted_ttft_ms", "ttft_source", "prefix_cache_queried_tokens", "prefix_cache_hit_tokens", "node")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    OPEN_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    MAX_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    state: str
+    speculative_config: str
+    open_streams: int
+    max_streams: int
+    predicted_ttft_ms: float
+    ttft_source: str
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    node: str
+    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[str] = ..., speculative_config: _Optional[str] = ..., open_streams: _Optional[int] = ..., max_streams: _Optional[int] = ..., predicted_ttft_ms: _Optional[float] = ..., ttft_source: _Optional[str] = ..., prefix_cache_queried_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
 
 class GetControllerStateRequest(_message.Message):
     __slots__ = ()

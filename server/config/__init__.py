@@ -1,7 +1,7 @@
 """Server configuration: one tree of dataclasses, one module per concern.
 
 - sections: model.py, speculation.py, engine.py, server.py, limits.py,
-  security.py, telemetry.py, http.py, controller.py (with its sub-sections
+  security.py, telemetry.py, http.py, replicas.py, controller.py (with its sub-sections
   ``[controller.slo]``, ``[controller.hysteresis]``, ...), joined in root.py
   (``QuickdraftConfig``);
 - loading.py: defaults < TOML (``--config``) < environment
@@ -34,6 +34,7 @@ from quickdraft.server.config.http import HttpConfig
 from quickdraft.server.config.limits import LimitsConfig
 from quickdraft.server.config.loading import load_config
 from quickdraft.server.config.model import ModelConfig
+from quickdraft.server.config.replicas import ReplicasConfig
 from quickdraft.server.config.root import QuickdraftConfig
 from quickdraft.server.config.security import SecurityConfig
 from quickdraft.server.config.server import ServerConfig
@@ -43,7 +44,7 @@ from quickdraft.server.config.telemetry import TelemetryConfig
 __all__ = [
     "QuickdraftConfig", "ConfigError", "load_config", "detect_device",
     "ModelConfig", "SpeculationConfig", "EngineConfig", "ServerConfig", "LimitsConfig",
-    "SecurityConfig", "TelemetryConfig", "HttpConfig", "ControllerConfig",
+    "SecurityConfig", "TelemetryConfig", "HttpConfig", "ReplicasConfig", "ControllerConfig",
     "ControllerPolicy", "ControllerSettings", "AcceptanceSettings", "StepModelSettings", "SLOSettings",
     "HysteresisSettings", "ExplorationSettings", "FallbackSettings", "LoadSettings", "ScheduleSettings",
     "MeasureSettings",

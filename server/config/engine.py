@@ -15,8 +15,10 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     """GPUs per model replica (vLLM tensor parallelism)."""
     data_parallel_size: int = 1
-    """Model replicas (vLLM data parallelism). Past one machine use vLLM's
-    multi-node serving (vLLM's own docs); quickdraft adds nothing there."""
+    """Model replicas inside one engine (vLLM data parallelism; vLLM then
+    turns dynamic speculation off). For independent replicas, each with its
+    own controller, on one machine or many, use `replicas.count`
+    (docs/scaling.md)."""
     gpu_memory_utilization: float = 0.9
     """Share of GPU memory vLLM may take (GPU only), in (0, 1]."""
     cpu_kv_cache_gib: int = 1

@@ -55,15 +55,30 @@ def load_config(
     (``{"section.key": value}``, as ``--set`` gives them). ``env=None`` reads
     ``os.environ``; tests pass ``{}``."""
     cfg = QuickdraftConfig()
+    table = read_toml(Path(path)) if path is not None else {}
     if path is not None:
-        _apply_table(cfg, read_toml(Path(path)), "", str(path))
+        _apply_table(cfg, table, "", str(path))
+    env_paths = []
     for name, value in (os.environ if env is None else env).items():
         dotted = tree.path_of_env(name)
         if dotted is not None:
             set_value(cfg, dotted, value, f"environment variable {name}")
+            env_paths.append(dotted)
     for dotted, value in (overrides or {}).items():
         set_value(cfg, dotted, value, "--set")
+    said = "enabled" in table.get("speculation", {}) or "speculation.enabled" in [*env_paths, *(overrides or {})]
+    if not said and _preset_has_no_drafter(cfg):
+        # A preset without a drafter (smollm2-135m-base) serves the target alone
+        # unless speculation was asked for; asking without a drafter still fails validation.
+        cfg.speculation.enabled = False
     return cfg
+
+
+def _preset_has_no_drafter(cfg: QuickdraftConfig) -> bool:
+    try:
+        return cfg.drafter_path(parallel=True) is None and cfg.drafter_path(parallel=False) is None
+    except ConfigError:  # an unknown preset: validation reports it
+        return False
 
 
 def read_toml(path: Path) -> dict[str, Any]:

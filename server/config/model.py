@@ -21,8 +21,9 @@ class ModelConfig:
     """Drafter used when parallel drafting is on, if it differs from
     `drafter` (the embedded preset ships one of each). None: the preset's."""
     dtype: str = "auto"
-    """Weights/activations dtype for vLLM: auto (float32 on CPU, the
-    checkpoint's on GPU), float32, bfloat16, float16."""
+    """Weights/activations dtype for vLLM: auto (on CPU the preset's: float32
+    for the embedded model, bfloat16 for smollm2-135m-base; the checkpoint's on
+    GPU), float32, bfloat16, float16."""
     max_model_len: int | None = None
     """Context window in tokens (prompt + completion). None: the preset's."""
     load_format: str = "auto"

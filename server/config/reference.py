@@ -93,8 +93,11 @@ def _presets() -> list[str]:
            "|---|---|---|---|---|---|---|"]
     for p in PRESETS.values():
         drafters = " / ".join(f"`{_short(d)}`" for d in dict.fromkeys((p.parallel_drafter, p.drafter)) if d)
-        drafting = "parallel" if p.parallel_drafting else "autoregressive"
-        out.append(f"| `{p.name}` | `{_short(p.target)}` | {drafters} | {p.num_speculative_tokens} | {drafting} "
+        drafting = ("parallel" if p.parallel_drafting else "autoregressive") if drafters else "none"
+        k = p.num_speculative_tokens if drafters else "-"
+        # A model built here lives in the user's cache: name it machine-independently.
+        target = f"(cache)/models/{p.cached_model}" if p.cached_model else _short(p.target)
+        out.append(f"| `{p.name}` | `{target}` | {drafters} | {k} | {drafting} "
                    f"| {p.max_model_len} | {_cell(p.description)} |")
     return out + [""]
 

@@ -13,6 +13,7 @@ from quickdraft.server.config.errors import ConfigError
 from quickdraft.server.config.http import HttpConfig
 from quickdraft.server.config.limits import LimitsConfig
 from quickdraft.server.config.model import ModelConfig
+from quickdraft.server.config.replicas import ReplicasConfig
 from quickdraft.server.config.security import SecurityConfig
 from quickdraft.server.config.server import ServerConfig
 from quickdraft.server.config.speculation import SpeculationConfig
@@ -34,6 +35,7 @@ class QuickdraftConfig:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
 
     # --- derived from the preset --------------------------------------------
 
@@ -43,7 +45,12 @@ class QuickdraftConfig:
             return custom_preset(self.model.target or "", self.model.drafter, self.model.parallel_drafter)
         if self.model.preset not in PRESETS:
             raise ConfigError(f"model.preset: unknown preset {self.model.preset!r}; choose one of {', '.join([*PRESETS, CUSTOM])}")
-        return PRESETS[self.model.preset]
+        preset = PRESETS[self.model.preset]
+        if preset.cached_model:  # the cache folder as the environment names it now, not at import
+            from quickdraft.server import model_cache
+
+            preset = dataclasses.replace(preset, target=str(model_cache.model_dir(preset.cached_model)))
+        return preset
 
     def num_speculative_tokens(self) -> int:
         k = self.speculation.num_speculative_tokens

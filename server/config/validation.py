@@ -163,6 +163,13 @@ def _check_vllm(cfg: QuickdraftConfig) -> None:
 
 def _check_model_files(cfg: QuickdraftConfig) -> None:
     target = _local(cfg.target_path())
+    built_here = cfg.preset.cached_model
+    if built_here and not cfg.model.target:
+        from quickdraft.server import model_cache
+
+        if not model_cache.is_built(built_here):
+            raise ConfigError(f"model.preset = {cfg.preset.name}: its model is built on this machine from an installed package and "
+                              f"is not built yet ({cfg.preset.target}); run {model_cache.build_command(built_here)}")
     if target is not None:
         check_model_dir(target, "target model", "model.target")
     if not cfg.speculation.enabled:

