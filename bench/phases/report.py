@@ -15,6 +15,10 @@ def _pct(v) -> str:
     return "-" if v is None else f"{100 * v:+.1f}%"
 
 
+def _ci(v) -> str:
+    return "-" if not v else f"[{100 * v[0]:+.0f}%, {100 * v[1]:+.0f}%]"
+
+
 def _yes(v) -> str:
     return "-" if v is None else ("yes" if v else "**no**")
 
@@ -68,10 +72,16 @@ def markdown(doc: dict) -> str:
         per_phase_rebuilds = ", ".join(f"phase {x['phase'] + 1}: {_n(x['engine_rebuilds'])}" for x in acc["per_phase"])
         within = t["within_tolerance_every_phase"]
         within_text = "-" if within is None else "met" if within else "**missed**" + (f" ({miss})" if miss else "")
+        ruled = t.get("within_tolerance_not_ruled_out_every_phase")
+        intervals = ", ".join(f"phase {r['phase'] + 1} {_ci(r.get('regret_ci95'))}" for r in per) + (
+            "" if ruled is None else f"; within {tol:.0%} " + ("not ruled out in any phase" if ruled else "**ruled out** in "
+                                                               + ", ".join(f"phase {r['phase'] + 1}" for r in per
+                                                                           if r.get("regret_ci95") and r["regret_ci95"][0] > tol)))
         reached_text = ", ".join("never" if r["reached_s"] is None else _fmt(r["reached_s"], 0, " s") for r in per)
         lines += ["## Targets", "", "| target | result |", "|---|---|",
                   f"| every phase: controller TPOT within {tol:.0%} of the best static config (settled) | {within_text} |",
                   f"| ... reached within {settle:g} s of the phase change | {_yes(t['reached_within_settle_every_phase'])} (from {reached_text}) |",
+                  f"| ... what this run can resolve: regret's 95% bootstrap interval per phase | {intervals} |",
                   f"| engine rebuilds | {_n(acc['engine_rebuilds'])} ({per_phase_rebuilds}; {acc['switches_in_warmup']} switch(es) in the warm-up) |",
                   f"| requests failed during rebuilds (target 0) | {acc['failed_during_rebuilds']}{' ✓' if acc['failed_during_rebuilds'] == 0 else ''} "
                   f"(failed in all phases: {acc['failed']}, of which {acc.get('refused_as_invalid', 0)} refused as invalid, "
@@ -90,12 +100,12 @@ def markdown(doc: dict) -> str:
         lines.append("")
     if v.get("phases"):
         lines += ["## Controller vs the best static config, per phase", "",
-                  f"| phase | load | best static (settled) | its TPOT ms | controller TPOT ms | regret settled | best static (whole) | regret whole "
+                  f"| phase | load | best static (settled) | its TPOT ms | controller TPOT ms | regret settled | 95% interval | best static (whole) | regret whole "
                   f"| within {tol:.0%} | within {tol:.0%} from | {v['seed_config']} TPOT ms | controller / {v['seed_config']} settled | whole |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in v["phases"]:
             lines.append(f"| {r['phase'] + 1} | {streams(r['concurrency'])} | {r['best_static'] or '-'} | {_fmt(r['best_static_tpot_ms'])} "
-                         f"| {_fmt(r['controller_tpot_ms'])} | {_pct(r['regret'])} | {r['best_static_whole'] or '-'} | {_pct(r['regret_whole'])} "
+                         f"| {_fmt(r['controller_tpot_ms'])} | {_pct(r['regret'])} | {_ci(r.get('regret_ci95'))} | {r['best_static_whole'] or '-'} | {_pct(r['regret_whole'])} "
                          f"| {_yes(r['within_tolerance'])} | {_fmt(r['reached_s'], 0, ' s') if r['reached_s'] is not None else '-'} "
                          f"| {_fmt(r['seed_tpot_ms'])} | {_fmt(r['controller_vs_seed'], 3, 'x')} | {_fmt(r['controller_vs_seed_whole'], 3, 'x')} |")
         lines.append("")
@@ -145,7 +155,9 @@ def markdown(doc: dict) -> str:
         acc = (v.get("controller") or {})
         windows = [x for x in acc.get("windows") or [] if x.get("round") == ctl.get("round")]
         if windows:
-            lines += ["", "Rebuild windows (decision → first poll that found the server serving again): "
+            live = not acc.get("engine_rebuilds")
+            lines += ["", ("Switch windows (decision → first poll that saw the new config; all live, no engine was rebuilt): " if live
+                           else "Rebuild windows (decision → first poll that found the server serving again): ")
                       + "; ".join(f"{x['start_s']:.1f}-{x['end_s']:.1f} s ({x['from']} → {x['to']})" for x in windows) + "."]
         if ctl["server"].get("errors"):
             lines += ["", "Polling errors: " + "; ".join(ctl["server"]["errors"][:5])]

@@ -195,7 +195,8 @@ def test_the_targets_are_met_when_every_phase_is_within_tolerance():
     runs[-1] = run_of("controller", "controller", steady([6.6, 6.2, 6.7], first_30s={1: 9.0}))
     v = verdicts(runs, PHASES, 30.0, 0.05)
     assert [r["within_tolerance"] for r in v["phases"]] == [True, True, True]
-    assert v["targets"] == {"within_tolerance_every_phase": True, "reached_within_settle_every_phase": True, "failed_during_rebuilds_zero": True, "met": True}
+    assert v["targets"] == {"within_tolerance_every_phase": True, "reached_within_settle_every_phase": True,
+                            "within_tolerance_not_ruled_out_every_phase": True, "failed_during_rebuilds_zero": True, "met": True}
     # A stricter tolerance turns phase 1 (1.5 % over) into a miss.
     assert verdicts(runs, PHASES, 30.0, 0.01)["phases"][0]["within_tolerance"] is False
 
@@ -413,7 +414,9 @@ def test_markdown_reports_targets_regret_rebuilds_and_every_config():
     assert "| engine rebuilds | 3 (phase 1: 0, phase 2: 1, phase 3: 2; 0 switch(es) in the warm-up) |" in md
     assert "| requests failed during rebuilds (target 0) | 2 (failed in all phases: 4, of which 1 refused as invalid" in md
     # Phase 2: best static off at 6.00 ms, the controller 6.20 ms settled.
-    assert "| 2 | 8 streams | off | 6.00 | 6.20 | +3.3% | off |" in md
+    # Every request of a config decodes at one rate here: the interval is the point.
+    assert "| 2 | 8 streams | off | 6.00 | 6.20 | +3.3% | [+3%, +3%] | off |" in md
+    assert "phase 2 [+3%, +3%], phase 3 [+2%, +2%]; within 5% not ruled out in any phase |" in md
     assert "| within 5% | within 5% from | p5 TPOT ms | controller / p5 settled | whole |" in md
     assert "| 3 | 1 stream | ar3 | 6.60 | 6.70 | +1.5% |" in md
     assert "| off | 10.00 / 10.00 (60 / 0) | **6.00 / 6.00 (60 / 0)** | 10.00 / 10.00 (60 / 0) | this run |" in md
@@ -634,3 +637,26 @@ def test_one_server_pins_each_static_then_releases_for_the_controller(tmp_path):
     assert all(p["whole"]["failed"] == 0 and p["whole"]["requests"] > 0 for r in runs.values() for p in r["phases"])
     assert runs["controller"]["server"]["controller_reads"][0]["enabled"]
     assert "on one server (--one-server)" in " ".join(doc["notes"])
+
+
+def test_regret_interval_says_what_a_phase_can_resolve():
+    """The interval covers 0 for two samples of one distribution, excludes it
+    for a clearly slower controller, and narrows with more requests."""
+    import random
+
+    from quickdraft.bench.phases.analysis import regret_interval
+
+    rng = random.Random(1)
+    p = PHASES[0]
+
+    def sample(n: int, scale: float) -> list[Req]:
+        return [req(30.0 + 29.0 * i / n, tpot_ms=scale * rng.uniform(2.0, 18.0), index=i) for i in range(n)]
+
+    lo, hi = regret_interval(sample(40, 1.0), sample(40, 1.0), p, 30.0)
+    assert lo < 0 < hi
+    lo, hi = regret_interval(sample(40, 2.0), sample(40, 1.0), p, 30.0)
+    assert lo > 0.3 and hi > lo
+    few = regret_interval(sample(20, 1.0), sample(20, 1.0), p, 30.0)
+    many = regret_interval(sample(2000, 1.0), sample(2000, 1.0), p, 30.0)
+    assert many[1] - many[0] < (few[1] - few[0]) / 4
+    assert regret_interval(sample(3, 1.0), sample(40, 1.0), p, 30.0) is None  # too few to say
