@@ -8,6 +8,7 @@
     quickdraft bench phases (= python -m quickdraft.bench.phases)
     quickdraft bench live-switch (= python -m quickdraft.bench.live_switch)
     quickdraft bench typing (= python -m quickdraft.bench.typing_session)
+    quickdraft bench replicas (= python -m quickdraft.bench.replicas)
 
 ``quickdraft/cli.py`` calls ``add_subparsers`` when this module imports.
 """
@@ -288,6 +289,13 @@ def add_subparsers(subparsers) -> None:
                        description=typing_session.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     typing_session.add_arguments(p)
     p.set_defaults(func=typing_session.run)
+
+    from quickdraft.bench import replicas
+
+    p = sub.add_parser("replicas", help="session routing against round-robin on engine replicas: prefix-cache hit rate and TTFT, several users typing",
+                       description=replicas.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    replicas.add_arguments(p)
+    p.set_defaults(func=replicas.run)
 
     p = sub.add_parser("live-switch", help="live speculative switching on one engine: switch latency, and TPOT against engines built per setting",
                        description=live_switch.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from quickdraft.server.config.errors import ConfigError
 
+# replicas.routing: session affinity (the default) or round-robin (server/replicas/routing.py).
+ROUTING_MODES = ("session", "round_robin")
+
 
 @dataclass
 class ReplicasConfig:
@@ -28,8 +31,15 @@ class ReplicasConfig:
     gpus_per_replica: float = 0.0
     """GPUs Ray reserves for each replica; Ray shows the replica only those.
     0: engine.tensor_parallel_size when the engine runs on CUDA, none on CPU."""
+    routing: str = "session"
+    """How a request picks its replica: "session" (a session's requests go to
+    its home replica, where its prefix cache is, unless that one is
+    saturated: docs/scaling.md) or "round_robin" (every replica in turn,
+    sessions and load ignored: the baseline session routing is measured
+    against, `quickdraft bench replicas`)."""
     spill_ttft_ms: float = 0.0
-    """A replica whose predicted inline TTFT is above this is saturated: new
+    """A replica with streams open whose inline TTFT (its median over the last
+    minute, else its controller's prediction) is above this is saturated: its
     sessions' requests go to the least loaded other replica while it stays so.
     0: the controller's inline TTFT limit (controller.slo.ttft_s.inline)."""
     stats_period_s: float = 1.0
@@ -46,6 +56,8 @@ class ReplicasConfig:
     """Ray Serve application name: two servers on one Ray cluster need two names."""
 
     def validate(self) -> None:
+        if self.routing not in ROUTING_MODES:
+            raise ConfigError(f"replicas.routing = {self.routing!r}: use one of {', '.join(repr(m) for m in ROUTING_MODES)}")
         if self.count < 0:
             raise ConfigError(f"replicas.count = {self.count}: use 0 (one engine, no Ray) or the number of replicas")
         for name in ("cpus_per_replica", "gpus_per_replica", "spill_ttft_ms"):

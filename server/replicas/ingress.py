@@ -18,7 +18,7 @@ import logging
 import signal
 import threading
 import time
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator, Callable, Mapping
 
 from quickdraft.server.admission import Admission, Client
 from quickdraft.server.config import ConfigError, QuickdraftConfig
@@ -158,6 +158,62 @@ class RoutedService:
             self.controller = pb.ControllerState.FromString(await self.handle.controller_state.remote())
 
 
+class ReplicaMetrics:
+    """Each replica's state as the front end last polled it, on the front end's
+    metrics endpoint (the replicas run with no endpoint of their own): open
+    streams, predicted inline TTFT, serving or not, prefix-cache tokens, one
+    series per replica id (their number is the replica count, plus those Ray
+    replaced since the front end started)."""
+
+    def __init__(self, telemetry: Telemetry, statuses: Callable[[], list[dict]]):
+        from opentelemetry.metrics import Observation
+
+        self._statuses = statuses
+        meter = telemetry.meter_provider.get_meter("quickdraft.replicas")
+
+        def gauge(field: str, scale: float = 1.0):
+            def observe(_options):
+                return [Observation(float(s.get(field, 0) or 0) * scale, replica_attributes(s)) for s in self._statuses()]
+            return observe
+
+        def serving(_options):
+            return [Observation(1 if s.get("serving") else 0, replica_attributes(s)) for s in self._statuses()]
+
+        meter.create_observable_gauge("quickdraft.replica.open_streams", [gauge("open_streams")], unit="{stream}",
+                                      description="Completion streams open on each replica")
+        meter.create_observable_gauge("quickdraft.replica.predicted_ttft", [gauge("predicted_ttft_ms", 1e-3)], unit="s",
+                                      description="Each replica's inline TTFT figure for routing (its last minute's median, else its controller's prediction; 0: unknown)")
+        meter.create_observable_gauge("quickdraft.replica.serving", [serving], unit="1",
+                                      description="1 while the replica's engine serves, 0 while it starts, switches, restarts or drains")
+        meter.create_observable_counter("quickdraft.replica.prefix_cache.queried_tokens", [gauge("prefix_cache_queried_tokens")],
+                                        unit="{token}", description="Prompt tokens each replica's engine looked up in its prefix cache")
+        meter.create_observable_counter("quickdraft.replica.prefix_cache.hit_tokens", [gauge("prefix_cache_hit_tokens")],
+                                        unit="{token}", description="Prompt tokens each replica's engine found in its prefix cache")
+
+
+def replica_attributes(s: Mapping[str, object]) -> dict[str, str]:
+    return {"quickdraft.replica": str(s.get("replica_id", "")), "quickdraft.speculative.config": str(s.get("speculative_config", "")),
+            "quickdraft.replica.node": str(s.get("node", ""))}
+
+
+class RefusedPin:
+    """PinSpeculation in replica mode: refused, saying why (server/grpc_server.py
+    turns the RequestError into the call's status)."""
+
+    async def set(self, config: str, allow_rebuild: bool = False) -> tuple[str, float]:
+        raise RequestError("UNIMPLEMENTED", "PinSpeculation does not reach engine replicas yet (quickdraft serve --replicas): "
+                           "each replica's controller chooses for its own load. To run one setting on every replica, start "
+                           "the server with it (--set speculation.*=..., without --controller); docs/scaling.md")
+
+
+def front_end(cfg: QuickdraftConfig, service: RoutedService, auth: Auth) -> GrpcServer:
+    """The single-process server's gRPC listener around ``service``. Outcome
+    reports are not routed (no outcome book: UNIMPLEMENTED, which the LSP
+    bridge takes as "stop reporting"); a pin is refused saying why."""
+    return GrpcServer(cfg, service, auth, controller_state=service.controller_state,  # type: ignore[arg-type]
+                      pin=RefusedPin())  # type: ignore[arg-type]
+
+
 def replica_status_message(s: Mapping[str, object]) -> pb.ReplicaStatus:
     return pb.ReplicaStatus(replica_id=str(s.get("replica_id", "")), state=str(s.get("state", "")),
                             speculative_config=str(s.get("speculative_config", "")),
@@ -193,7 +249,8 @@ def deployment(cfg: QuickdraftConfig):
         health_check_period_s=5.0,
         graceful_shutdown_timeout_s=cfg.server.grace_period_s,
         request_router_config=RequestRouterConfig(request_router_class=SessionRouter,
-                                                  request_router_kwargs={"spill_ttft_ms": spill},
+                                                  request_router_kwargs={"spill_ttft_ms": spill, "routing": rc.routing,
+                                                                         "stats_period_s": rc.stats_period_s},
                                                   request_routing_stats_period_s=rc.stats_period_s),
     ).bind(cfg)
 
@@ -209,6 +266,7 @@ class ReplicaServer:
         self.telemetry = Telemetry(cfg.preset.name, cfg.telemetry.metrics_port, cfg.telemetry.metrics_host, cfg.telemetry.otlp_endpoint)
         self.auth = Auth.from_config(cfg)
         self.service: RoutedService | None = None
+        self.metrics = ReplicaMetrics(self.telemetry, lambda: self.service.statuses if self.service else [])
         self.grpc: GrpcServer | None = None
         self.port = 0
         self._poller: asyncio.Task | None = None
@@ -231,7 +289,7 @@ class ReplicaServer:
         # Ray's core worker installs a handler that aborts on SIGTERM: ours again, after it.
         self._install_signals()
         self.service = RoutedService(self.cfg, None, self.telemetry)  # the handle comes once the replicas run
-        self.grpc = GrpcServer(self.cfg, self.service, self.auth, controller_state=self.service.controller_state)  # type: ignore[arg-type]
+        self.grpc = front_end(self.cfg, self.service, self.auth)
         self.port = await self.grpc.start()
         t0 = time.perf_counter()
         self.service.handle = await asyncio.wait_for(
@@ -290,8 +348,9 @@ class ReplicaServer:
             print(f"quickdraft serve: {e or 'replicas did not start within replicas.start_timeout_s'}", flush=True)
             await self.shutdown(0)
             return 1
+        routed = "by session" if self.cfg.replicas.routing == "session" else "round-robin"
         print(f"quickdraft: gRPC on {self.cfg.server.host}:{self.port}, {self.cfg.replicas.count} replicas of "
-              f"{self.cfg.preset.name} (Ray Serve, routed by session)", flush=True)
+              f"{self.cfg.preset.name} (Ray Serve, routed {routed})", flush=True)
         await stop.wait()
         await self.shutdown()
         return 0

@@ -32,8 +32,9 @@ log = logging.getLogger("quickdraft.replica")
 MESSAGE = "message"
 ERROR = "error"
 
-# Without a controller, "predicted" TTFT is the median inline TTFT of this window.
+# The "predicted" TTFT the router reads is measured first: the median inline TTFT over this window.
 MEASURED_TTFT_WINDOW_S = 60.0
+MIN_MEASURED_TTFTS = 3  # fewer: the controller's prediction, if it has one
 
 
 def replica_config(cfg: QuickdraftConfig) -> QuickdraftConfig:
@@ -109,6 +110,8 @@ class QuickdraftReplica:
             "node": self.node,
             "pid": os.getpid(),
             "finishes": dict(self.finishes),
+            # Wall clock, for the router's staleness check (routing.STALE_PERIODS).
+            "reported_at": time.time(),
         }
 
     def record_routing_stats(self) -> dict:
@@ -119,14 +122,19 @@ class QuickdraftReplica:
         return self.routing_stats()
 
     def _predicted_ttft_ms(self, active_label: str) -> tuple[float, str]:
+        """What the router compares with the spill threshold: the median inline
+        TTFT this replica measured over the last minute, else (too few
+        measured) its controller's prediction for the running config."""
+        now = time.perf_counter()
+        recent = [ttft for cls, ttft, at in list(self.server.service.meter.first_tokens)
+                  if cls == "inline" and now - at <= MEASURED_TTFT_WINDOW_S]
+        if len(recent) >= MIN_MEASURED_TTFTS:
+            return statistics.median(recent) * 1e3, "measured"
         controller = self.server.controller
         if controller is not None:
             for c in controller.state_proto().candidates:
                 if c.config == active_label and c.predicted_ttft_ms > 0:
                     return c.predicted_ttft_ms, "controller"
-        now = time.perf_counter()
-        recent = [ttft for cls, ttft, at in list(self.server.service.meter.first_tokens)
-                  if cls == "inline" and now - at <= MEASURED_TTFT_WINDOW_S]
         if recent:
             return statistics.median(recent) * 1e3, "measured"
         return 0.0, ""

@@ -11,26 +11,47 @@ and drops dead replicas from the candidates.
 
 from __future__ import annotations
 
+import itertools
 from typing import List, Optional
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from quickdraft.server.replicas.routing import ReplicaLoad, rank_replicas
+from quickdraft.server.replicas.routing import (ROUND_ROBIN, SESSION, STALE_PERIODS, ReplicaLoad, rank_replicas,
+                                                round_robin_ranks)
 
 
 class SessionRouter(RequestRouter):
-    """Session affinity with load-aware spill-over (routing.rank_replicas)."""
+    """Session affinity with load-aware spill-over (routing.rank_replicas), or
+    plain round-robin (routing.round_robin_ranks) with ``replicas.routing =
+    "round_robin"``."""
 
-    def initialize_state(self, spill_ttft_ms: float = 0.0, **kwargs) -> None:
+    def initialize_state(self, spill_ttft_ms: float = 0.0, routing: str = SESSION, stats_period_s: float = 1.0,
+                         **kwargs) -> None:
         # Called by Ray with RequestRouterConfig.request_router_kwargs.
         self.spill_ttft_ms = spill_ttft_ms
+        self.routing = routing
+        self.max_stats_age_s = STALE_PERIODS * stats_period_s
+        self._turns = itertools.count()
+        self._last: tuple[object, int] | None = None
+
+    def _turn(self, pending_request: Optional[PendingRequest]) -> int:
+        # Ray calls choose_replicas again for the same request while every
+        # replica's queue is full: the request keeps its turn.
+        if pending_request is not None and self._last is not None and self._last[0] is pending_request:
+            return self._last[1]
+        turn = next(self._turns)
+        self._last = (pending_request, turn)
+        return turn
 
     async def choose_replicas(self, candidate_replicas: List[RunningReplica],
                               pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
-        session = ""
-        if pending_request is not None:
-            session = str((pending_request.kwargs or {}).get("session") or "")
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        loads = [ReplicaLoad.from_stats(rid, r.routing_stats) for rid, r in by_id.items()]
-        ranks = rank_replicas(session, loads, getattr(self, "spill_ttft_ms", 0.0))
+        loads = [ReplicaLoad.from_stats(rid, r.routing_stats, self.max_stats_age_s) for rid, r in by_id.items()]
+        if self.routing == ROUND_ROBIN:
+            ranks = round_robin_ranks(self._turn(pending_request), loads)
+        else:
+            session = ""
+            if pending_request is not None:
+                session = str((pending_request.kwargs or {}).get("session") or "")
+            ranks = rank_replicas(session, loads, self.spill_ttft_ms)
         return [[by_id[rid] for rid in rank] for rank in ranks]

@@ -135,3 +135,59 @@ async def test_before_the_replicas_run_requests_are_unavailable():
     with pytest.raises(RequestError) as err:
         await collect(svc)
     assert err.value.code == "UNAVAILABLE"
+
+
+async def test_pins_and_outcome_reports_are_refused_through_the_front_end_saying_why():
+    import grpc
+
+    from quickdraft.client import AsyncCompletionClient, RetryPolicy
+    from quickdraft.server.frontend import Auth
+    from quickdraft.server.replicas.ingress import front_end
+
+    cfg = load_config(env={}, overrides={"replicas.count": "2", "server.port": "0"})
+    svc = RoutedService(cfg, FakeHandle([]), Telemetry("test"))
+    server = front_end(cfg, svc, Auth.from_config(cfg))
+    port = await server.start()
+    try:
+        async with AsyncCompletionClient(f"127.0.0.1:{port}", retry=RetryPolicy(max_attempts=1)) as c:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.pin_speculation("p3")
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "replicas" in err.value.details() and "--controller" in err.value.details()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.report_outcomes([pb.Outcome(request_id="abcd-1", kind=pb.OUTCOME_KIND_SHOWN)], request_id_prefix="abcd")
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED  # the LSP bridge stops reporting on this code
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.outcome_stats()
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await server.stop(0)
+
+
+def test_each_replica_shows_on_the_front_ends_metrics():
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from quickdraft.server.replicas.ingress import ReplicaMetrics
+
+    reader = InMemoryMetricReader()
+    statuses = [{"replica_id": "r-a", "serving": True, "open_streams": 3, "predicted_ttft_ms": 120.0, "speculative_config": "parallel K=5",
+                 "prefix_cache_queried_tokens": 1000, "prefix_cache_hit_tokens": 400, "node": "n1"},
+                {"replica_id": "r-b", "serving": False, "open_streams": 0, "predicted_ttft_ms": 0.0, "node": "n2"}]
+    ReplicaMetrics(Telemetry("test", metric_reader=reader), lambda: statuses)
+
+    def points(name):
+        data = reader.get_metrics_data()
+        out = {}
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name == name:
+                        out.update({p.attributes["quickdraft.replica"]: p.value for p in m.data.data_points})
+        return out
+
+    assert points("quickdraft.replica.predicted_ttft") == {"r-a": pytest.approx(0.12), "r-b": 0.0}
+    assert points("quickdraft.replica.open_streams") == {"r-a": 3, "r-b": 0}
+    assert points("quickdraft.replica.serving") == {"r-a": 1, "r-b": 0}
+    assert points("quickdraft.replica.prefix_cache.hit_tokens") == {"r-a": 400, "r-b": 0}
+    statuses[0]["open_streams"] = 5  # read at each collection, from the last poll
+    assert points("quickdraft.replica.open_streams")["r-a"] == 5

@@ -110,6 +110,20 @@ def test_cancel_through_the_ingress_frees_the_replica(replicated):
     assert wait_for(lambda: sum(s["open_streams"] for s in statuses(server, loop)) == 0, 20), statuses(server, loop)
 
 
+def test_a_pin_is_refused_saying_why_and_each_replica_shows_its_ttft(replicated):
+    server, _ = replicated
+    with client(server) as c:
+        with pytest.raises(grpc.RpcError) as err:
+            c.pin_speculation("p3")
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED and "replicas" in err.value.details()
+        for i in range(4):
+            c.complete_text(prefix=f"# visible {i}\ndef add(a, b):\n    return ", max_tokens=4, session="visible/repo")
+        time.sleep(1.5)  # the front end polls the replicas every second
+        replicas = c.server_info().replicas
+    assert len(replicas) == 2 and all(r.state == "serving" for r in replicas)
+    assert any(r.ttft_source == "measured" and r.predicted_ttft_ms > 0 for r in replicas), replicas
+
+
 def test_killed_replica_in_flight_streams_unavailable_and_waiting_requests_not_lost(replicated):
     import threading
 

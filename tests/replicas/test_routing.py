@@ -6,7 +6,8 @@ import pytest
 
 from quickdraft.server.admission import Client
 from quickdraft.server.config import ConfigError, load_config
-from quickdraft.server.replicas.routing import ReplicaLoad, home_order, rank_replicas, session_key
+from quickdraft.server.replicas.routing import (ROUND_ROBIN, ROUTING_MODES, SESSION, ReplicaLoad, home_order, rank_replicas,
+                                                round_robin_ranks, session_key)
 
 IDS = ["r-a", "r-b", "r-c"]
 SESSIONS = [f"user{i}/repo{i % 7}" for i in range(300)]
@@ -51,6 +52,15 @@ def test_predicted_ttft_over_the_spill_threshold_counts_as_saturated():
     assert home(s, loads(**slow), spill=0.0) == h  # 0: no TTFT threshold
 
 
+def test_an_idle_replica_is_never_saturated_by_its_prediction():
+    """Every replica predicting over the threshold while idle: each session still
+    goes home (it used to pile onto the replica predicting least, for good)."""
+    slow_idle = {rid: ReplicaLoad(rid, 0, 8, predicted_ttft_ms=900.0 + i) for i, rid in enumerate(IDS)}
+    homes = {s: home(s, loads(**slow_idle), spill=300.0) for s in SESSIONS[:60]}
+    assert homes == {s: home(s, loads()) for s in SESSIONS[:60]}
+    assert len(set(homes.values())) == len(IDS)
+
+
 def test_a_dead_replicas_sessions_move_and_only_theirs():
     before = {s: home(s, loads()) for s in SESSIONS}
     dead = "r-b"
@@ -92,4 +102,42 @@ def test_stats_dict_and_missing_stats():
 def test_bad_replica_settings_are_refused_naming_the_setting(setting, value):
     cfg = load_config(env={}, overrides={setting: value})
     with pytest.raises(ConfigError, match=setting.replace(".", r"\.")):
+        cfg.replicas.validate()
+
+
+def test_stale_stats_count_as_unknown():
+    busy = {"open_streams": 8, "max_streams": 8, "predicted_ttft_ms": 900.0, "serving": False, "reported_at": 100.0}
+    fresh = ReplicaLoad.from_stats("x", busy, max_age_s=5.0, now=104.0)
+    assert (fresh.open_streams, fresh.serving) == (8, False)
+    stale = ReplicaLoad.from_stats("x", busy, max_age_s=5.0, now=106.0)
+    assert stale == ReplicaLoad("x")  # serving and idle, as before its first report
+    assert ReplicaLoad.from_stats("x", busy, max_age_s=0.0, now=1e9).open_streams == 8  # 0: no limit
+
+
+def test_a_home_whose_stats_went_stale_gets_its_sessions_back():
+    s = SESSIONS[3]
+    h = home(s, loads())
+    stuck = {"open_streams": 8, "max_streams": 8, "reported_at": 0.0}  # full, long ago
+    replicas = [ReplicaLoad.from_stats(rid, stuck if rid == h else {"open_streams": 0, "max_streams": 8, "reported_at": 99.0},
+                                       max_age_s=5.0, now=100.0) for rid in IDS]
+    assert home(s, replicas) == h
+
+
+def test_round_robin_takes_every_serving_replica_in_turn_whatever_the_session():
+    firsts = [round_robin_ranks(turn, loads())[0] for turn in range(6)]
+    assert firsts == [[rid] for rid in IDS * 2]
+    assert round_robin_ranks(0, loads())[1] == IDS[1:]  # the others when its queue is full
+    down = loads(**{"r-b": ReplicaLoad("r-b", serving=False)})
+    assert [round_robin_ranks(t, down)[0] for t in range(4)] == [["r-a"], ["r-c"], ["r-a"], ["r-c"]]
+    assert round_robin_ranks(0, down)[-1] == ["r-b"]
+    assert round_robin_ranks(0, []) == []
+
+
+def test_routing_mode_setting():
+    assert load_config(env={}, overrides={}).replicas.routing == SESSION
+    assert ROUTING_MODES == (SESSION, ROUND_ROBIN)
+    cfg = load_config(env={}, overrides={"replicas.routing": "round_robin"})
+    cfg.replicas.validate()
+    cfg = load_config(env={}, overrides={"replicas.routing": "random"})
+    with pytest.raises(ConfigError, match=r"replicas\.routing"):
         cfg.replicas.validate()
