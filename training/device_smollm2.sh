@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # The SmolLM2-135M FIM fine-tune (training/smollm2_fim.py) on a lent GPU machine,
 # which has no network: the base's GGUF (94 MiB) travels in parts, one per `run`
-# call, beside the ~30 MiB working tree (64 MiB a call in all).
+# call, beside the working tree (~31 MiB, ~41 MiB once a FIM delta ships; 64 MiB a call in all).
 #
 # Here, on the CPU machine (needs the registry once; writes .devcarry/smollm2/, git-ignored):
-#   bash training/device_smollm2.sh pack
-# Then four `run` calls on one warm machine (carried files stay there between calls):
-#   1. carry [".devcarry/smollm2/part0"]  command: bash training/device_smollm2.sh smoke
+#   bash training/device_smollm2.sh pack        # prints the part count, N+1 parts: part0..partN
+# Then one `run` call per part on one warm machine (carried files stay there between calls):
+#   carry [".devcarry/smollm2/part0"]  command: bash training/device_smollm2.sh smoke
 #        (wheels + first GGUF piece; the smoke run on a tiny random base checks the device's torch/transformers)
-#   2. carry [".devcarry/smollm2/part1"]  command: bash training/device_smollm2.sh have
-#   3. carry [".devcarry/smollm2/part2"]  command: bash training/device_smollm2.sh have
-#   4. carry [".devcarry/smollm2/part3"]  command: TRAIN_S=360 bash training/device_smollm2.sh train
+#   carry [".devcarry/smollm2/partI"]  command: bash training/device_smollm2.sh have      (I = 1 .. N-1)
+#   carry [".devcarry/smollm2/partN"]  command: TRAIN_S=360 bash training/device_smollm2.sh train
 #        (joins and checks the GGUF, dequantizes it as the installer does, checks the weights' pinned SHA-256,
 #         then the fine-tune: ~2 min of corpus, samples and encoding, TRAIN_S of training, ~30 s of checks;
 #         keep the sum under the 600 s a call may run. $OUT gets the delta, log and summary)
-# Back here: copy $OUT/delta/ to quickdraft/models/smollm2-135m-fim/ and add it to server/model_cache.py MODELS.
+# Back here: copy $OUT/delta/ to quickdraft/models/smollm2-135m-fim/, pin its SHA-256 and the built
+# weights' in server/model_cache.py MODELS (quickdraft model build smollm2-135m-fim --force prints it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=.devcarry/smollm2
-PART_MIB=${PART_MIB:-25}
+# part0 also holds the wheels (~3 MiB): tree + 14 + 3 MiB stays under 58 MiB.
+PART_MIB=${PART_MIB:-14}
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 # What the device image lacks (it has torch, transformers, tokenizers, safetensors, numpy):
 # the GGUF reader, accelerate (transformers' GGUF loader wants it), their psutil and pyyaml, the bridge's tree-sitter and LSP types.
@@ -39,7 +40,7 @@ pack)
       --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d "$DIR/part0/wheels" "${WHEELS[@]}"
   split -b "${PART_MIB}M" -d -a 1 "$gguf" "$DIR/gguf."
   for f in "$DIR"/gguf.*; do n=${f##*.}; mkdir -p "$DIR/part$n"; mv "$f" "$DIR/part$n/"; done
-  du -sh "$DIR"/part*; echo "tree: $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) bytes tracked"
+  du -sh "$DIR"/part*; echo "parts: $(ls -d "$DIR"/part* | wc -l)"; echo "tree: $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) bytes tracked"
   ;;
 have)
   ls -la "$DIR"/part*/ ;;

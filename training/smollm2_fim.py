@@ -20,7 +20,16 @@ Data: the old mix (training/samples.py: FIM, repository level, plain) and
 context samples (training/context_samples.py: the bridge's own prompt around a
 hole), half each, from the installed packages' permissive sources
 (training/corpus.py), the held-out distributions excluded and used for the
-held-out losses. Loss on every token, as the embedded model was trained.
+held-out losses.
+
+Loss on every token but the added ones. Those only ever appear in prompts, so
+the model reads them and never writes them: with loss on them it learns where
+a prompt puts ``<|fim_suffix|>`` (after any prefix, at a line's end) and then,
+given a plain prompt such as ``def fibonacci(n):\n``, answers with it (a stop
+token: an empty completion). Old-mix FIM samples with an empty middle are left
+out: ``samples.split_middle`` makes them mostly from a cursor on a blank line,
+with the suffix repeating that line's break, which teaches an empty answer at
+the line start where the bridge asks for a line.
 """
 
 from __future__ import annotations
@@ -35,9 +44,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from quickdraft.prompt_format import (DRAFT_SLOT, FILE_SEP, FIM_MIDDLE, FIM_PAD, FIM_PREFIX, FIM_SUFFIX, REPO_NAME, STOP_TOKENS,
+from quickdraft.prompt_format import (DRAFT_SLOT, ENDOFTEXT, FILE_SEP, FIM_MIDDLE, FIM_PAD, FIM_PREFIX, FIM_SUFFIX, REPO_NAME, STOP_TOKENS,
                                       CodeContext, render)
 from training.context_samples import ensure_bridge
 
@@ -164,8 +174,16 @@ def texts_for(dist_files: dict[str, list[tuple[str, str]]], roots: list[str], *,
     context_samples.BUDGET_TOKENS = budget_tokens
     ctx, st = context_samples.build(dist_files, roots, seconds=ctx_seconds, workers=workers, seed=seed, max_files=max_files)
     old_files = corpus.cap(dist_files, old_chars, seed) if old_chars else dist_files
-    old = list(samples.samples(old_files, seed))
-    return old, ctx, {"context": st, "old_mix_samples": len(old)}
+    old, dropped_old = drop_empty_middles(list(samples.samples(old_files, seed)))
+    ctx, dropped_ctx = drop_empty_middles(ctx)
+    return old, ctx, {"context": st, "old_mix_samples": len(old), "empty_middles_dropped": {"old_mix": dropped_old, "context": dropped_ctx}}
+
+
+def drop_empty_middles(texts: list[str]) -> tuple[list[str], int]:
+    """The texts without FIM samples whose middle is empty, and how many were dropped."""
+    empty = FIM_MIDDLE + ENDOFTEXT
+    kept = [t for t in texts if not t.endswith(empty)]
+    return kept, len(texts) - len(kept)
 
 
 def encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
@@ -184,12 +202,32 @@ def mix(old: torch.Tensor, ctx: torch.Tensor, ctx_share: float, seed: int) -> to
 # --- training --------------------------------------------------------------------------
 
 
+def lm_loss(model: nn.Module, batch: torch.Tensor, ignore: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy over rows [B, T+1], targets in ``ignore`` (the added token ids) left out."""
+    logits = model(input_ids=batch[:, :-1]).logits
+    target = batch[:, 1:].masked_fill(torch.isin(batch[:, 1:], ignore), -100)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+
+
+@torch.no_grad()
+def eval_loss(model: nn.Module, data: torch.Tensor, ignore: torch.Tensor, batch_size: int) -> float:
+    model.eval()
+    total, n = 0.0, 0
+    for i in range(0, len(data), batch_size):
+        rows = data[i : i + batch_size]
+        with torch.autocast(device_type=data.device.type, dtype=torch.bfloat16, enabled=data.is_cuda):
+            total += lm_loss(model, rows, ignore).item() * len(rows)
+        n += len(rows)
+    return total / max(1, n)
+
+
 def train(adapter: Adapter, data: torch.Tensor, *, seconds: float, max_steps: int | None, batch: int, lr: float,
           log: Callable[[dict], None], seed: int) -> list[dict]:
     """AdamW on the adapter, cosine schedule over the wall-clock budget (or max_steps)."""
-    from training.target import cosine_lr, lm_loss
+    from training.target import cosine_lr
 
     model = adapter.model
+    ignore = torch.tensor(adapter.added, device=data.device)
     g = torch.Generator().manual_seed(seed)
     groups = adapter.param_groups(lr)
     peaks = [grp["lr"] for grp in groups]
@@ -207,7 +245,7 @@ def train(adapter: Adapter, data: torch.Tensor, *, seconds: float, max_steps: in
             grp["lr"] = cosine_lr(frac, peak)
         rows = data[torch.randint(0, len(data), (batch,), generator=g).to(data.device)]
         with torch.autocast(device_type=data.device.type, dtype=torch.bfloat16, enabled=data.is_cuda):
-            loss = lm_loss(model, rows)
+            loss = lm_loss(model, rows, ignore)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -252,24 +290,41 @@ def merged_matches(adapter: Adapter, base_dir: Path, delta_dir: Path, sample: to
     return float((a - b).abs().max())
 
 
+def answer_cases() -> dict[str, CodeContext]:
+    """The probes: the cursor on a blank line as the bridge asks (from the line's start,
+    completer.make_request), as a raw client asks (after the indentation), and plain."""
+    from quickdraft.lsp_bridge.context import from_line_start
+
+    fib = ("def fibonacci(n):\n    ", "\n\nprint(fibonacci(10))\n")
+    push = ("class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        ",
+            "\n\n    def pop(self):\n        return self.items.pop()\n")
+    return {
+        "fim_fibonacci": CodeContext(*from_line_start(*fib), file_path="fib.py"),
+        "fim_fibonacci_at_indent": CodeContext(*fib, file_path="fib.py"),
+        "plain_fibonacci": CodeContext(prefix="def fibonacci(n):\n"),
+        "fim_stack_push": CodeContext(*from_line_start(*push), file_path="stack.py", repo_name="demo"),
+        "fim_stack_push_at_indent": CodeContext(*push, file_path="stack.py", repo_name="demo"),
+    }
+
+
 @torch.no_grad()
-def answers(model: nn.Module, tokenizer: Any, dev: torch.device, new_tokens: int = 40) -> dict[str, str]:
-    """Greedy answers to a few prompts in the server's formats, for reading in the summary."""
+def answers(model: nn.Module, tokenizer: Any, dev: torch.device, new_tokens: int = 40) -> dict[str, dict[str, Any]]:
+    """Greedy answers to the probes, as the server would return them (cut at its stop tokens),
+    with the first token's top three: an empty answer shows which stop token came first."""
     from training.target import greedy_generate
 
-    cases = {
-        "fim_fibonacci": CodeContext(prefix="def fibonacci(n):\n    ", suffix="\n\nprint(fibonacci(10))\n", file_path="fib.py"),
-        "plain_fibonacci": CodeContext(prefix="def fibonacci(n):\n"),
-        "fim_stack_push": CodeContext(prefix="class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        ",
-                                      suffix="\n\n    def pop(self):\n        return self.items.pop()\n", file_path="stack.py", repo_name="demo"),
-    }
     stops = {tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS if t in tokenizer.get_vocab()}
     out = {}
-    for name, ctx in cases.items():
+    for name, ctx in answer_cases().items():
         ids = encode(tokenizer, [render(ctx)])[0]
-        gen = greedy_generate(model, torch.tensor([ids], device=dev), new_tokens)[0, len(ids):].tolist()
+        prompt = torch.tensor([ids], device=dev)
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            first = model(input_ids=prompt).logits[0, -1].float().softmax(-1)
+        gen = greedy_generate(model, prompt, new_tokens)[0, len(ids):].tolist()
         cut = next((i for i, t in enumerate(gen) if t in stops), len(gen))
-        out[name] = tokenizer.decode(gen[:cut])
+        top = torch.topk(first, 3)
+        out[name] = {"text": tokenizer.decode(gen[:cut]),
+                     "first": [[tokenizer.convert_ids_to_tokens(int(i)), round(float(p), 3)] for p, i in zip(top.values, top.indices)]}
     return out
 
 
@@ -309,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--alpha", type=float, default=32.0)
     ap.add_argument("--lr", type=float, default=4e-4)
-    ap.add_argument("--batch", type=int, default=32)
+    # The float32 logits alone are batch x seq x 49,159 x 4 bytes: 3 GiB at 8, 12 GiB at 32, which with the
+    # backward's copies ran out of memory on an 80 GB H100.
+    ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048, help="packed row length (the preset's window)")
     ap.add_argument("--budget-tokens", type=int, default=1536, help="the bridge's prompt budget when building context samples")
     ap.add_argument("--ctx-seconds", type=float, default=60, help="time for building context samples")
@@ -323,7 +380,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from training import corpus as corpus_mod
     from training.pipeline import Log, pack
-    from training.target import eval_loss
 
     t_start = time.time()
     out: Path = args.out
@@ -392,8 +448,11 @@ def main(argv: list[str] | None = None) -> int:
                        "held_rows": {k: (len(v) if v is not None else 0) for k, v in held.items()}, "encode_s": round(time.time() - t0, 1)}
     log({"data": summary["data"]})
 
+    ignore = torch.tensor(adapter.added, device=dev)
+    summary["loss_targets"] = "every token but the added ones"
+
     def losses() -> dict[str, float]:
-        return {k: round(eval_loss(model, v, batch_size=8 if args.smoke else 32), 4) for k, v in held.items() if v is not None and len(v)}
+        return {k: round(eval_loss(model, v, ignore, batch_size=8), 4) for k, v in held.items() if v is not None and len(v)}
 
     summary["loss_before"] = losses()
     summary["answers_before"] = answers(model, tok, dev, 16 if args.smoke else 40)
