@@ -259,6 +259,7 @@ def write_model_dir(out: Path, state: dict[str, torch.Tensor], config: dict[str,
     out.mkdir(parents=True, exist_ok=True)
     target = getattr(torch, dtype)
     save_file({k: v.to(target).contiguous() for k, v in sorted(state.items())}, str(out / WEIGHTS), metadata={"format": "pt"})
+    (out / WEIGHTS).chmod(0o644)  # safetensors writes it private; the server may run as another user
     config = {**config, "architectures": config.get("architectures") or ["LlamaForCausalLM"], "dtype": dtype, "torch_dtype": dtype}
     if extra:
         config["quickdraft"] = extra

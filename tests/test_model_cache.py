@@ -151,6 +151,7 @@ def test_build_merges_a_delta_into_the_stored_base_and_pins_the_result(tmp_path,
 
     out = mc.build("tiny-fim", out=tmp_path / "built", gguf=gguf, progress=False)
     assert mc.verify(out) == []
+    assert all(f.stat().st_mode & 0o044 == 0o044 for f in out.iterdir()), "a server running as another user must read every file"
     built = load_file(str(out / mc.WEIGHTS))
     n = names[0]
     stored = base_state[n].to(torch.bfloat16).double()

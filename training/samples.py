@@ -36,17 +36,17 @@ def split_middle(text: str, rng: random.Random) -> tuple[str, str, str]:
     kind = rng.random()
     i = rng.randrange(0, len(lines))
     line_start = sum(len(x) for x in lines[:i])
-    line = lines[i]
-    if kind < 0.45:
-        # Cursor inside a line: the middle is the rest of it, sometimes more lines.
-        indent = len(line) - len(line.lstrip())
-        body = max(indent, len(line.rstrip("\n")))
-        col = rng.randrange(indent, body + 1) if body > indent else indent
+    content = lines[i].rstrip("\r\n")
+    if kind < 0.45 and content.strip():
+        # Cursor inside a line, at or after its indentation: the middle is the rest of it, sometimes more lines.
+        indent = len(content) - len(content.lstrip())
+        col = rng.randrange(indent, len(content) + 1)
         extra = rng.choice([0, 0, 0, 1, 2, 4]) if rng.random() < 0.35 else 0
         a = line_start + col
-        b = line_start + len(line.rstrip("\n")) if extra == 0 else sum(len(x) for x in lines[: min(len(lines), i + 1 + extra)])
+        b = line_start + len(content) if extra == 0 else sum(len(x) for x in lines[: min(len(lines), i + 1 + extra)])
     elif kind < 0.85:
-        # Whole lines, as when the cursor sits at the start of an empty line.
+        # Whole lines, as when the cursor sits at the start of an empty line (a blank line asked
+        # as "inside a line" lands here too: the rest of a blank line is no answer).
         n = rng.choice([1, 1, 2, 3, 4, 6, 8])
         a = line_start
         b = sum(len(x) for x in lines[: min(len(lines), i + n)])
