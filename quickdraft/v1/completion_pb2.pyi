@@ -345,7 +345,7 @@ class ControllerDecision(_message.Message):
     def __init__(self, unix_time: _Optional[float] = ..., from_config: _Optional[str] = ..., to_config: _Optional[str] = ..., reason: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
 
 class ControllerState(_message.Message):
-    __slots__ = ("enabled", "active", "candidates", "decisions", "acceptance_per_position", "running_requests", "profile_path", "engine_rebuilds", "live_switches", "pinned", "measuring", "measured", "live_switch_ms")
+    __slots__ = ("enabled", "active", "candidates", "decisions", "acceptance_per_position", "running_requests", "profile_path", "engine_rebuilds", "live_switches", "pinned", "measuring", "measured", "live_switch_ms", "replicas")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +359,7 @@ class ControllerState(_message.Message):
     MEASURING_FIELD_NUMBER: _ClassVar[int]
     MEASURED_FIELD_NUMBER: _ClassVar[int]
     LIVE_SWITCH_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     active: SpeculativeConfig
     candidates: _containers.RepeatedCompositeFieldContainer[CandidateEstimate]
@@ -372,7 +373,16 @@ class ControllerState(_message.Message):
     measuring: bool
     measured: _containers.RepeatedCompositeFieldContainer[MeasuredTPOT]
     live_switch_ms: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, enabled: _Optional[bool] = ..., active: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[CandidateEstimate, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[ControllerDecision, _Mapping]]] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., running_requests: _Optional[float] = ..., profile_path: _Optional[str] = ..., engine_rebuilds: _Optional[int] = ..., live_switches: _Optional[int] = ..., pinned: _Optional[str] = ..., measuring: _Optional[bool] = ..., measured: _Optional[_Iterable[_Union[MeasuredTPOT, _Mapping]]] = ..., live_switch_ms: _Optional[_Iterable[float]] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaControllerState]
+    def __init__(self, enabled: _Optional[bool] = ..., active: _Optional[_Union[SpeculativeConfig, _Mapping]] = ..., candidates: _Optional[_Iterable[_Union[CandidateEstimate, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[ControllerDecision, _Mapping]]] = ..., acceptance_per_position: _Optional[_Iterable[float]] = ..., running_requests: _Optional[float] = ..., profile_path: _Optional[str] = ..., engine_rebuilds: _Optional[int] = ..., live_switches: _Optional[int] = ..., pinned: _Optional[str] = ..., measuring: _Optional[bool] = ..., measured: _Optional[_Iterable[_Union[MeasuredTPOT, _Mapping]]] = ..., live_switch_ms: _Optional[_Iterable[float]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaControllerState, _Mapping]]] = ...) -> None: ...
+
+class ReplicaControllerState(_message.Message):
+    __slots__ = ("replica_id", "state")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    state: ControllerState
+    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ControllerState, _Mapping]] = ...) -> None: ...
 
 class MeasuredTPOT(_message.Message):
     __slots__ = ("load", "config", "tpot_ms", "windows", "age_s")

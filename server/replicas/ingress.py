@@ -9,6 +9,11 @@ router (server/replicas/router.py) routes by session.
 servicer. Cancellation: a cancelled gRPC call cancels the handle call
 explicitly (Ray does not cancel the replica when the awaiting task is
 cancelled), which aborts the engine request on the replica.
+
+The calls that concern more than one request's replica: ``PinSpeculation``
+goes to every replica (``ReplicaPin``), ``GetControllerState`` and
+``GetOutcomeStats`` gather every replica's answer, ``ReportOutcomes`` sends
+each outcome to the replica that served its request (``RoutedService.report_outcomes``).
 """
 
 from __future__ import annotations
@@ -18,24 +23,35 @@ import logging
 import signal
 import threading
 import time
-from typing import AsyncIterator, Callable, Mapping
+from collections import OrderedDict
+from typing import AsyncIterator, Callable, Mapping, Sequence
+
+import grpc
 
 from quickdraft.server.admission import Admission, Client
 from quickdraft.server.config import ConfigError, QuickdraftConfig
 from quickdraft.server.config.validation import check_remote_exposure
 from quickdraft.server.errors import RequestError
-from quickdraft.server.frontend import Auth
-from quickdraft.server.grpc_server import GrpcServer
-from quickdraft.server.replicas.replica import ERROR, MESSAGE, QuickdraftReplica
+from quickdraft.server.frontend import Auth, grpc_peer_host
+from quickdraft.server.grpc_server import CompletionServicer, GrpcServer, _BadRequest
+from quickdraft.server.outcomes import Figures, check_report
+from quickdraft.server.replicas.replica import ERROR, MESSAGE, NOT_SERVING, REPLICA, QuickdraftReplica
 from quickdraft.server.replicas.routing import session_key
+from quickdraft.server.speculative import SpecConfig
 from quickdraft.server.telemetry import Telemetry
 from quickdraft.v1 import completion_pb2 as pb
+from quickdraft.wire import AUTHORIZATION_KEY
 
 log = logging.getLogger("quickdraft.server")
 
 DEPLOYMENT_NAME = "QuickdraftReplica"
 # Headers worth carrying to the replica: the W3C trace context (the span's parent).
 FORWARDED_HEADERS = ("traceparent", "tracestate")
+# Request -> replica entries kept per replica: what a replica's OutcomeBook
+# remembers by default; an outcome for an older request is unknown there anyway.
+SERVED_BY_PER_REPLICA = 8192
+# How a pin was applied, least to most disruptive: a pin's answer names the most disruptive any replica took.
+APPLIED_ORDER = ("released", "unchanged", "live", "standby", "rebuild")
 
 
 def check_replicas_config(cfg: QuickdraftConfig) -> None:
@@ -65,8 +81,11 @@ class RoutedService:
         self.admission = Admission(cfg.limits.max_concurrent_streams * max(1, cfg.replicas.count), cfg.limits.max_streams_per_client)
         self.statuses: list[dict] = []
         self.info: pb.ServerInfo | None = None
-        self.controller: pb.ControllerState | None = None
         self.retried = 0
+        # (user, request id) -> the replica that served it, newest last: where its outcomes go.
+        self.served_by: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self.max_served = SERVED_BY_PER_REPLICA * max(1, cfg.replicas.count)
+        self.pin = ReplicaPin(self)
 
     def stop_accepting(self) -> None:
         self.admission.accepting = False
@@ -98,17 +117,25 @@ class RoutedService:
                 for attempt in range(1, self.cfg.replicas.max_attempts + 1):
                     started = False
                     done = False
+                    replica = ""
                     call = self.handle.options(stream=True).complete.remote(payload, client, carried, session=session)
                     try:
                         async for item in call:
-                            if item[0] == ERROR:
+                            if item[0] == REPLICA:
+                                replica = item[1]
+                                if req.request_id:
+                                    self._served(client.user, req.request_id, replica)
+                            elif item[0] == ERROR:
                                 _, code, message, metadata = item
                                 if code == "UNAVAILABLE" and not started and attempt < self.cfg.replicas.max_attempts:
                                     break  # engine restarting or draining there: try another
                                 raise RequestError(code, message, metadata)
-                            if item[0] == MESSAGE:
+                            elif item[0] == MESSAGE:
                                 started = True
-                                yield pb.CompleteResponse.FromString(item[1])
+                                msg = pb.CompleteResponse.FromString(item[1])
+                                if msg.HasField("final") and replica:
+                                    self._served(client.user, msg.final.request_id, replica)  # the id the replica made
+                                yield msg
                         else:
                             done = True
                             return
@@ -146,16 +173,113 @@ class RoutedService:
         info.replicas.extend(replica_status_message(s) for s in self.statuses)
         return info
 
-    def controller_state(self) -> pb.ControllerState | None:
-        return self.controller
-
     async def refresh(self) -> None:
-        """Every replica's status, one replica's server info and controller state."""
-        statuses = await self.handle.broadcast("status").results_async(return_exceptions=True)
-        self.statuses = sorted((s for s in statuses if isinstance(s, dict)), key=lambda s: s.get("replica_id", ""))
+        """Every replica's status, and one replica's server info."""
+        self.statuses = sorted((s for s in await self.broadcast("status") if isinstance(s, dict)),
+                               key=lambda s: s.get("replica_id", ""))
         if any(s.get("serving") for s in self.statuses):
             self.info = pb.ServerInfo.FromString(await self.handle.server_info.remote())
-            self.controller = pb.ControllerState.FromString(await self.handle.controller_state.remote())
+
+    async def broadcast(self, method: str, *args) -> list:
+        """``method`` on every running replica: one answer each, or the exception it raised."""
+        if self.handle is None:
+            raise RequestError("UNAVAILABLE", "the engine replicas are starting; retry shortly")
+        return await self.handle.broadcast(method, *args).results_async(return_exceptions=True)
+
+    def _served(self, user: str, request_id: str, replica: str) -> None:
+        key = (user, request_id)
+        self.served_by[key] = replica
+        self.served_by.move_to_end(key)
+        while len(self.served_by) > self.max_served:
+            self.served_by.popitem(last=False)
+
+    async def controller_states(self) -> pb.ControllerState:
+        """Each replica's controller in ``replicas``; the top-level fields are
+        the first replica's, for clients that read one controller."""
+        state = pb.ControllerState(enabled=False, active=self.server_info().speculative)
+        if self.handle is None:
+            return state  # replicas starting: as a single server answers while its engine starts
+        answers = sorted((pb.ReplicaControllerState.FromString(a) for a in await self.broadcast("controller_state")
+                          if isinstance(a, bytes)), key=lambda a: a.replica_id)
+        if answers:
+            state.CopyFrom(answers[0].state)
+        state.replicas.extend(answers)
+        return state
+
+    async def report_outcomes(self, req: pb.ReportOutcomesRequest, client: Client,
+                              headers: Mapping[str, str] | None = None) -> pb.ReportOutcomesResponse:
+        """Each outcome to the replica that served its request, whose book
+        knows the request (language, config, tokens).
+
+        Which replica served a request is remembered here, from the stream
+        that carried it (``served_by``, bounded like a replica's book), not
+        found again by the request's session: a report carries no session,
+        and spill-over may have sent the request elsewhere than the session's
+        home. An outcome whose request is not remembered here goes to any
+        replica, which counts it unknown, as a single server does.
+
+        The ``request_id_prefix`` goes with each part: a replica that served a
+        session's requests but gets none of their reports does not judge them
+        never shown (undercounted, never overcounted). Each replica limits a
+        client's outcome rate on its own."""
+        check_report(req)  # whole batch: the error names the caller's index, not a part's
+        if self.handle is None:
+            raise RequestError("UNAVAILABLE", "the engine replicas are starting; retry shortly")
+        parts: dict[str, list[pb.Outcome]] = {}
+        for o in req.outcomes:
+            parts.setdefault(self.served_by.get((client.user, o.request_id), ""), []).append(o)
+        if not parts:
+            parts[""] = []  # a prefix declaration alone
+        carried = {k: v for k, v in (headers or {}).items() if k in FORWARDED_HEADERS}
+        answers = await asyncio.gather(*(
+            self.handle.report_outcomes.remote(pb.ReportOutcomesRequest(outcomes=outcomes, request_id_prefix=req.request_id_prefix)
+                                               .SerializeToString(), client, carried, replica=replica)
+            for replica, outcomes in parts.items()), return_exceptions=True)
+        out = pb.ReportOutcomesResponse()
+        for outcomes, answer in zip(parts.values(), answers):
+            if isinstance(answer, BaseException):
+                if not _is_replica_gone(answer):
+                    log.error("outcome report failed on a replica", exc_info=answer)
+                    raise RequestError("INTERNAL", f"replica call failed: {type(answer).__name__}") from answer
+                out.unknown_request_ids += len(outcomes)  # its book went with it
+            elif answer[0] == ERROR:
+                raise RequestError(answer[1], answer[2], answer[3])
+            else:
+                part = pb.ReportOutcomesResponse.FromString(answer[1])
+                out.recorded += part.recorded
+                out.unknown_request_ids += part.unknown_request_ids
+                out.duplicates += part.duplicates
+        return out
+
+    async def outcome_stats(self) -> pb.OutcomeStats:
+        answers = [pb.OutcomeStats.FromString(a) for a in await self.broadcast("outcome_stats") if isinstance(a, bytes)]
+        if not answers:
+            raise RequestError("UNAVAILABLE", "no engine replica answered; retry shortly")
+        return merge_outcome_stats(answers)
+
+
+def _figures(f: pb.OutcomeFigures) -> Figures:
+    ended = f.accepted + f.rejected  # what mean_shown_ms is the mean over
+    return Figures(shown=f.shown, accepted=f.accepted, partially_accepted=f.partially_accepted, rejected=f.rejected,
+                   accepted_chars=f.accepted_chars, ended=ended, shown_ms=f.mean_shown_ms * ended,
+                   wasted_cancelled=f.wasted_tokens_cancelled, wasted_never_shown=f.wasted_tokens_never_shown)
+
+
+def merge_outcome_stats(parts: Sequence[pb.OutcomeStats]) -> pb.OutcomeStats:
+    """The replicas' outcome figures as one server's: counts added, rates
+    computed again from the sums. ``reporting_sessions`` is a sum too: a
+    session whose reports went to two replicas counts twice."""
+    total = Figures()
+    groups: dict[tuple[str, str, str], Figures] = {}
+    for p in parts:
+        total.add(_figures(p.total))
+        for g in p.groups:
+            groups.setdefault((g.language, g.latency_class, g.speculative_config), Figures()).add(_figures(g))
+    return pb.OutcomeStats(
+        total=total.proto(), groups=[g.proto(key) for key, g in sorted(groups.items())],
+        unknown_request_ids=sum(p.unknown_request_ids for p in parts), duplicates=sum(p.duplicates for p in parts),
+        reporting_sessions=sum(p.reporting_sessions for p in parts), never_shown_grace_s=parts[0].never_shown_grace_s,
+        since_unix_time=min(p.since_unix_time for p in parts))
 
 
 class ReplicaMetrics:
@@ -196,22 +320,127 @@ def replica_attributes(s: Mapping[str, object]) -> dict[str, str]:
             "quickdraft.replica.node": str(s.get("node", ""))}
 
 
-class RefusedPin:
-    """PinSpeculation in replica mode: refused, saying why (server/grpc_server.py
-    turns the RequestError into the call's status)."""
+class ReplicaPin:
+    """PinSpeculation through replicas, in the place of ``SpeculationPin``:
+    the pin goes to every replica, each applies it to its own engine and
+    controller (``QuickdraftReplica.pin``), and it succeeds only when every
+    serving replica applied it; otherwise the error names each replica that
+    did not, and why. A replica whose engine does not serve is not a failure.
+
+    The front end keeps the pin once any replica applied it (a release
+    always), and the status poll (``poll``) gives it to each serving replica
+    that lacks it and was not asked yet: replicas Ray started or replaced
+    since, or that did not serve then. One that refused it is not asked again
+    until the next PinSpeculation."""
+
+    def __init__(self, service: RoutedService):
+        self.service = service
+        self.pinned: SpecConfig | None = None
+        self.allow_rebuild = False
+        self.asked: set[str] = set()  # replica ids that answered for the current pin
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
 
     async def set(self, config: str, allow_rebuild: bool = False) -> tuple[str, float]:
-        raise RequestError("UNIMPLEMENTED", "PinSpeculation does not reach engine replicas yet (quickdraft serve --replicas): "
-                           "each replica's controller chooses for its own load. To run one setting on every replica, start "
-                           "the server with it (--set speculation.*=..., without --controller); docs/scaling.md")
+        """As ``SpeculationPin.set``: (how it was applied, milliseconds), the
+        most disruptive way any replica applied it and the longest time."""
+        try:
+            spec = SpecConfig.parse(config) if config.strip() else None
+        except ValueError as e:
+            raise RequestError("INVALID_ARGUMENT", str(e), field="config") from None
+        async with self._lock:
+            answers = await self._send(config, allow_rebuild)
+            applied = [a for a in answers if "applied" in a]
+            failed = sorted((a for a in answers if "code" in a and a["code"] != NOT_SERVING), key=lambda a: a["replica_id"])
+            if applied or spec is None:
+                self.pinned, self.allow_rebuild = spec, allow_rebuild
+                self.asked = {a["replica_id"] for a in answers if a.get("code") != NOT_SERVING}
+        try:
+            await self.service.refresh()  # the answer's config is what runs now
+        except Exception:  # noqa: BLE001 - the pin is applied; the reply shows the last poll's config
+            log.exception("replica status poll after a pin failed")
+        if failed:
+            done = ", ".join(f"{a['replica_id']} ({a['applied']})" for a in applied)
+            raise RequestError(failed[0]["code"], (f"pin {spec.label()}: " if spec else "release: ") + (f"applied on {done}; " if done else "")
+                               + "not on " + "; ".join(f"{a['replica_id']}: {a['code']}: {a['message']}" for a in failed)
+                               + (". Pin again (replicas that have it stay unchanged), or release it" if applied else ""))
+        if not applied:
+            raise RequestError("UNAVAILABLE", "no engine replica is serving yet; pin once the server is ready")
+        return max((a["applied"] for a in applied), key=APPLIED_ORDER.index), max(a["switch_ms"] for a in applied)
+
+    async def _send(self, config: str, allow_rebuild: bool) -> list[dict]:
+        answers = await self.service.broadcast("pin", config, allow_rebuild)
+        return [a if isinstance(a, dict) else {"replica_id": "a replica", "code": "UNAVAILABLE",
+                                               "message": f"did not answer ({type(a).__name__}: {a})"} for a in answers]
+
+    def behind(self) -> list[str]:
+        """Serving replicas, as last polled, that lack the front end's pin and were not asked for it."""
+        want = self.pinned.label() if self.pinned else ""
+        return [s["replica_id"] for s in self.service.statuses
+                if s.get("serving") and s.get("pinned", "") != want and s.get("replica_id") not in self.asked]
+
+    def poll(self) -> None:
+        """After each status poll: catch up in the background (a rebuild takes minutes; the poll goes on)."""
+        if (self._task is None or self._task.done()) and self.behind():
+            self._task = asyncio.create_task(self.catch_up(), name="replica-pin")
+
+    async def catch_up(self) -> None:
+        """The pin again to every replica: those that have it answer unchanged, the others apply it."""
+        if self._lock.locked() or not self.behind():
+            return  # an operator's pin is on its way to every replica
+        async with self._lock:
+            config = self.pinned.label() if self.pinned else ""
+            try:
+                answers = await self._send(config, self.allow_rebuild)
+            except Exception:  # noqa: BLE001 - the next poll tries again
+                log.exception("could not send the pin to the replicas")
+                return
+            for a in answers:
+                if a.get("code") == NOT_SERVING:
+                    continue
+                self.asked.add(a["replica_id"])
+                if "code" in a:
+                    log.warning("replica %s did not take the pin (%s): %s: %s", a["replica_id"], config or "release", a["code"], a["message"])
+                elif a["applied"] != "unchanged":
+                    log.info("replica %s took the pin (%s): %s", a["replica_id"], config or "release", a["applied"])
+
+
+class RoutedServicer(CompletionServicer):
+    """The single-process servicer, with the calls that await replicas (the
+    base class answers these from the process itself, synchronously)."""
+
+    service: RoutedService
+
+    async def GetControllerState(self, request, context):
+        try:
+            return await self.service.controller_states()
+        except RequestError as e:
+            await context.abort(grpc.StatusCode[e.code], e.message)
+
+    async def ReportOutcomes(self, request, context):
+        if isinstance(request, _BadRequest):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request could not be parsed: {request.error} (string fields must be valid UTF-8)")
+        md = dict(context.invocation_metadata() or ())
+        client = self.auth.client(md.get(AUTHORIZATION_KEY, ""), grpc_peer_host(context.peer()))
+        try:
+            return await self.service.report_outcomes(request, client, md)
+        except RequestError as e:
+            await context.abort(grpc.StatusCode[e.code], e.message)
+
+    async def GetOutcomeStats(self, request, context):
+        try:
+            return await self.service.outcome_stats()
+        except RequestError as e:
+            await context.abort(grpc.StatusCode[e.code], e.message)
 
 
 def front_end(cfg: QuickdraftConfig, service: RoutedService, auth: Auth) -> GrpcServer:
-    """The single-process server's gRPC listener around ``service``. Outcome
-    reports are not routed (no outcome book: UNIMPLEMENTED, which the LSP
-    bridge takes as "stop reporting"); a pin is refused saying why."""
-    return GrpcServer(cfg, service, auth, controller_state=service.controller_state,  # type: ignore[arg-type]
-                      pin=RefusedPin())  # type: ignore[arg-type]
+    """The single-process server's gRPC listener (auth, TLS, health,
+    reflection) around ``service``, with ``RoutedServicer`` for its servicer."""
+    server = GrpcServer(cfg, service, auth, controller_state=lambda: None, pin=service.pin)  # type: ignore[arg-type]
+    # Replaced before start() registers it.
+    server.servicer = RoutedServicer(service, auth, pin=service.pin)  # type: ignore[arg-type]
+    return server
 
 
 def replica_status_message(s: Mapping[str, object]) -> pb.ReplicaStatus:
@@ -308,6 +537,7 @@ class ReplicaServer:
             except Exception:  # noqa: BLE001 - a failed poll keeps the last view
                 log.exception("replica status poll failed")
             self.grpc.set_serving(self.service.health()[0])
+            self.service.pin.poll()
 
     async def shutdown(self, grace_s: float | None = None) -> None:
         from ray import serve

@@ -6,7 +6,9 @@ The front end (server/replicas/ingress.py) calls it through a
 DeploymentHandle. What crosses Ray is plain data: the request and the
 responses as serialized protobuf, the caller as ``admission.Client``, a
 refusal as ``(ERROR, code, message, metadata)``, so that the front end can
-tell a refusal from a replica that died.
+tell a refusal from a replica that died. A stream starts with
+``(REPLICA, replica_id)``: the front end remembers which replica served each
+request, to send the request's outcome reports there.
 """
 
 from __future__ import annotations
@@ -25,12 +27,17 @@ from quickdraft.server import engine_manager as em
 from quickdraft.server.admission import Client
 from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.errors import RequestError
+from quickdraft.server.speculative import SpecConfig
 from quickdraft.v1 import completion_pb2 as pb
 
 log = logging.getLogger("quickdraft.replica")
 
 MESSAGE = "message"
 ERROR = "error"
+REPLICA = "replica"
+# A pin's answer from a replica whose engine does not serve (starting,
+# restarting): not a refusal; the front end gives it the pin once it serves.
+NOT_SERVING = "NOT_SERVING"
 
 # The "predicted" TTFT the router reads is measured first: the median inline TTFT over this window.
 MEASURED_TTFT_WINDOW_S = 60.0
@@ -49,7 +56,8 @@ def replica_config(cfg: QuickdraftConfig) -> QuickdraftConfig:
 class QuickdraftReplica:
     """A Ray Serve deployment class (made one by ``deployment()`` in ingress.py)."""
 
-    async def __init__(self, cfg: QuickdraftConfig):
+    async def __init__(self, cfg: QuickdraftConfig, engine_factory=None):
+        """``engine_factory``: a fake engine's, for tests; Ray passes ``cfg`` only."""
         logging.basicConfig(level=cfg.server.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from quickdraft.server.app import QuickdraftServer  # here: Ray imports this module in processes that need no engine
 
@@ -60,7 +68,7 @@ class QuickdraftReplica:
             self.replica_id = serve.get_replica_context().replica_id.unique_id
         except Exception:  # noqa: BLE001 - outside Ray (tests): no id
             self.replica_id = ""
-        self.server = QuickdraftServer(replica_config(cfg))
+        self.server = QuickdraftServer(replica_config(cfg), engine_factory=engine_factory)
         # How this replica's requests ended (stop, length, cancelled, error): shown in its status.
         self.finishes: Counter[str] = Counter()
         self.server.service.observers.callbacks.append(lambda record, spec: self.finishes.update([record.finish]))
@@ -72,6 +80,7 @@ class QuickdraftReplica:
         Ray cancels this generator when the front end cancels the call:
         CompletionService then aborts the engine request."""
         request = pb.CompleteRequest.FromString(payload)
+        yield (REPLICA, self.replica_id)
         try:
             async with contextlib.aclosing(self.server.service.complete(request, client, headers)) as stream:
                 async for msg in stream:
@@ -80,12 +89,57 @@ class QuickdraftReplica:
             yield (ERROR, e.code, e.message, dict(e.metadata))
 
     async def controller_state(self, session: str = "") -> bytes:
+        """A ``ReplicaControllerState``: this replica's id and its controller's state."""
         server = self.server
         if server.controller is None:
             state = pb.ControllerState(enabled=False, active=server.service.server_info().speculative)
         else:
             state = server.controller.state_proto()
-        return state.SerializeToString()
+        # Shown with no controller too: through the router, this is where an operator sees which replicas took a pin.
+        state.pinned = self._pinned()
+        return pb.ReplicaControllerState(replica_id=self.replica_id, state=state).SerializeToString()
+
+    def _pinned(self) -> str:
+        pinned = self.server.pin.pinned
+        return pinned.label() if pinned is not None else ""
+
+    async def pin(self, config: str, allow_rebuild: bool = False) -> dict:
+        """Apply an operator's pin here as the single-process server does
+        (``SpeculationPin.set``; empty ``config`` releases). A pin this replica
+        holds already is left alone ("unchanged", or "released" when none is
+        asked for and none holds), so that the front end may send it to every
+        replica when only one lacks it. Returns ``replica_id`` with either
+        ``applied``, ``switch_ms``, or ``code`` (NOT_SERVING, or the
+        refusal's gRPC code) and ``message``."""
+        out: dict = {"replica_id": self.replica_id}
+        try:
+            want = SpecConfig.parse(config).label() if config.strip() else ""
+        except ValueError as e:
+            return {**out, "code": "INVALID_ARGUMENT", "message": str(e)}
+        if want == self._pinned():
+            return {**out, "applied": "unchanged" if want else "released", "switch_ms": 0.0}
+        if want and not self.server.engines.serving:
+            return {**out, "code": NOT_SERVING, "message": f"engine {self.server.engines.state}"}
+        try:
+            applied, ms = await self.server.pin.set(config, allow_rebuild)
+        except RequestError as e:
+            return {**out, "code": e.code, "message": e.message}
+        return {**out, "applied": applied, "switch_ms": ms}
+
+    async def report_outcomes(self, payload: bytes, client: Client, headers: Mapping[str, str] | None = None,
+                              replica: str = "") -> tuple:
+        """Outcomes of requests this replica served, into its own book.
+        ``replica`` is read by the router only (it sends the call there).
+        Returns ``(MESSAGE, ReportOutcomesResponse bytes)`` or a refusal."""
+        request = pb.ReportOutcomesRequest.FromString(payload)
+        try:
+            reply = self.server.outcomes.report(request, client, self.server.service.telemetry.trace_context(headers or {}))
+        except RequestError as e:
+            return (ERROR, e.code, e.message, dict(e.metadata))
+        return (MESSAGE, reply.SerializeToString())
+
+    async def outcome_stats(self) -> bytes:
+        return self.server.outcomes.stats().SerializeToString()
 
     async def server_info(self, session: str = "") -> bytes:
         return self.server.service.server_info().SerializeToString()
@@ -105,6 +159,7 @@ class QuickdraftReplica:
             "predicted_ttft_ms": ttft,
             "ttft_source": source,
             "speculative_config": info.speculative.label,
+            "pinned": self._pinned(),
             "prefix_cache_queried_tokens": info.prefix_cache_queried_tokens,
             "prefix_cache_hit_tokens": info.prefix_cache_hit_tokens,
             "node": self.node,

@@ -4,7 +4,8 @@ the policy of server/replicas/routing.py.
 Ray Serve runs it inside the front end's DeploymentHandle. It reads the
 session key from the call's ``session`` keyword argument and each replica's
 load from the stats the replica reports (``QuickdraftReplica.record_routing_stats``,
-every ``replicas.stats_period_s``). Ray then sends the request to the first
+every ``replicas.stats_period_s``). A call with a ``replica`` keyword argument
+goes to that replica while it runs. Ray then sends the request to the first
 replica of the first rank whose queue is below its ``max_ongoing_requests``,
 and drops dead replicas from the candidates.
 """
@@ -46,12 +47,15 @@ class SessionRouter(RequestRouter):
     async def choose_replicas(self, candidate_replicas: List[RunningReplica],
                               pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        kwargs = (pending_request.kwargs or {}) if pending_request is not None else {}
+        # A call for one replica (an outcome report: its book is there). One
+        # gone goes where any call goes: no replica knows its requests now.
+        target = by_id.get(str(kwargs.get("replica") or ""))
+        if target is not None:
+            return [[target]]
         loads = [ReplicaLoad.from_stats(rid, r.routing_stats, self.max_stats_age_s) for rid, r in by_id.items()]
         if self.routing == ROUND_ROBIN:
             ranks = round_robin_ranks(self._turn(pending_request), loads)
         else:
-            session = ""
-            if pending_request is not None:
-                session = str((pending_request.kwargs or {}).get("session") or "")
-            ranks = rank_replicas(session, loads, self.spill_ttft_ms)
+            ranks = rank_replicas(str(kwargs.get("session") or ""), loads, self.spill_ttft_ms)
         return [[by_id[rid] for rid in rank] for rank in ranks]

@@ -1,5 +1,6 @@
 """RoutedService (server/replicas/ingress.py) with a fake DeploymentHandle:
-retries before the first message, UNAVAILABLE after it, cancellation."""
+retries before the first message, UNAVAILABLE after it, cancellation; the
+front end before the replicas run."""
 
 from __future__ import annotations
 
@@ -137,7 +138,8 @@ async def test_before_the_replicas_run_requests_are_unavailable():
     assert err.value.code == "UNAVAILABLE"
 
 
-async def test_pins_and_outcome_reports_are_refused_through_the_front_end_saying_why():
+async def test_before_the_replicas_run_the_front_end_answers_controller_state_and_refuses_pins_and_reports_unavailable():
+    # With replicas running, tests/replicas/test_replica_control.py.
     import grpc
 
     from quickdraft.client import AsyncCompletionClient, RetryPolicy
@@ -145,21 +147,25 @@ async def test_pins_and_outcome_reports_are_refused_through_the_front_end_saying
     from quickdraft.server.replicas.ingress import front_end
 
     cfg = load_config(env={}, overrides={"replicas.count": "2", "server.port": "0"})
-    svc = RoutedService(cfg, FakeHandle([]), Telemetry("test"))
+    svc = RoutedService(cfg, None, Telemetry("test"))
     server = front_end(cfg, svc, Auth.from_config(cfg))
     port = await server.start()
     try:
         async with AsyncCompletionClient(f"127.0.0.1:{port}", retry=RetryPolicy(max_attempts=1)) as c:
+            state = await c.controller_state()
+            assert not state.enabled and len(state.replicas) == 0
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await c.pin_speculation("p3")
-            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-            assert "replicas" in err.value.details() and "--controller" in err.value.details()
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE and svc.pin.pinned is None
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.pin_speculation("p3 sideways")
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await c.report_outcomes([pb.Outcome(request_id="abcd-1", kind=pb.OUTCOME_KIND_SHOWN)], request_id_prefix="abcd")
-            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED  # the LSP bridge stops reporting on this code
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # not UNIMPLEMENTED: the LSP bridge keeps reporting
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await c.outcome_stats()
-            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         await server.stop(0)
 

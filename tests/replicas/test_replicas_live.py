@@ -110,14 +110,30 @@ def test_cancel_through_the_ingress_frees_the_replica(replicated):
     assert wait_for(lambda: sum(s["open_streams"] for s in statuses(server, loop)) == 0, 20), statuses(server, loop)
 
 
-def test_a_pin_is_refused_saying_why_and_each_replica_shows_its_ttft(replicated):
-    server, _ = replicated
+def test_a_pin_reaches_both_replicas_outcomes_reach_the_one_that_served_and_each_replica_shows_its_ttft(replicated):
+    from quickdraft.server.speculative import SpecConfig
+    from quickdraft.v1 import completion_pb2 as pb
+
+    server, loop = replicated
+    ids = [s["replica_id"] for s in statuses(server, loop)]
+    # One session homed on each replica: a report sent anywhere but where its request ran is unknown there.
+    homed = [next(f"visible{i}/repo" for i in range(100) if home_order(f"visible{i}/repo", ids)[0] == rid) for rid in ids]
     with client(server) as c:
-        with pytest.raises(grpc.RpcError) as err:
-            c.pin_speculation("p3")
-        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED and "replicas" in err.value.details()
-        for i in range(4):
-            c.complete_text(prefix=f"# visible {i}\ndef add(a, b):\n    return ", max_tokens=4, session="visible/repo")
+        # The setting one replica runs: a live switch at most, no engine rebuilt on two cores.
+        label = c.controller_state().replicas[0].state.active.label or c.server_info().speculative.label
+        reply = c.pin_speculation(label)
+        assert reply.pinned and reply.applied in ("unchanged", "live"), reply
+        assert [r.state.pinned for r in c.controller_state().replicas] == [SpecConfig.parse(label).label()] * 2
+        assert c.pin_speculation("").applied == "released"
+        assert [r.state.pinned for r in c.controller_state().replicas] == ["", ""]
+
+        for i in range(6):  # three inline TTFTs on each: its measured figure
+            c.complete_text(prefix=f"# visible {i}\ndef add(a, b):\n    return ", max_tokens=4, session=homed[i % 2],
+                            request_id=f"live-{i}")
+        shown = [pb.Outcome(request_id=f"live-{i}", kind=pb.OUTCOME_KIND_SHOWN) for i in range(6)]
+        got = c.report_outcomes(shown + [pb.Outcome(request_id="live-none", kind=pb.OUTCOME_KIND_SHOWN)], request_id_prefix="live")
+        assert (got.recorded, got.unknown_request_ids) == (6, 1), got
+        assert c.outcome_stats().total.shown >= 6
         time.sleep(1.5)  # the front end polls the replicas every second
         replicas = c.server_info().replicas
     assert len(replicas) == 2 and all(r.state == "serving" for r in replicas)
