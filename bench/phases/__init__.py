@@ -30,6 +30,10 @@ timings, token-weighted TPOT = decode time / decode tokens):
   controller / best static - 1. Target: within 5 % in every phase after the
   first 30 s. Also when (on a 5-s grid) the controller's TPOT from then to the
   phase's end first came within 5 % of the best static's over the same window;
+- with ``--rounds`` 2 or more, beside that minimum of the measured statics
+  (biased low: picked and measured on the same requests), a cross-fitted best
+  static: for each round, the best on the other rounds, measured on that round;
+  the targets use it when there is one (``regret_basis``);
 - the same regret against the best static config that met the inline TTFT
   SLO (the controller server's ``controller.ttft_slo_s``), with every
   config's TTFT p95;
