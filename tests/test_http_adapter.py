@@ -172,6 +172,13 @@ def test_chat_renders_chatml_and_prefers_max_completion_tokens():
     assert call.req.max_tokens == 7 and call.names["max_tokens"] == "max_completion_tokens"
 
 
+def test_session_is_the_grpc_requests_session():
+    # With replicas, the routing key (docs/scaling.md); left out, the server makes one.
+    assert completion_call({"prompt": "x", "session": "alice/repo"}).req.session == "alice/repo"
+    assert chat_call({"messages": [{"role": "user", "content": "hi"}], "session": "s"}).req.session == "s"
+    assert completion_call({"prompt": "x"}).req.session == ""
+
+
 # --- completions over HTTP ---------------------------------------------------------
 
 
@@ -306,6 +313,7 @@ async def test_health_is_503_until_the_engine_serves():
         (dict(stream_options={"include_usage": True}), "stream_options"),
         (dict(prompt="x = 1\n" * 3000, extra_body={"strict_prompt": True}), "prompt"),
         (dict(extra_body={"strict_prompt": "yes"}), "strict_prompt"),
+        (dict(extra_body={"session": ["a"]}), "session"),
     ],
 )
 async def test_bad_completion_parameters_are_named(api, fields, param):

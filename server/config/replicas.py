@@ -12,14 +12,14 @@ ROUTING_MODES = ("session", "round_robin")
 
 @dataclass
 class ReplicasConfig:
-    """Engine replicas behind this process's gRPC front end, routed by session
+    """Engine replicas behind this process's gRPC (and HTTP) front end, routed by session
     (`quickdraft serve --replicas N`, docs/scaling.md). Off by default: one
     engine in this process, no Ray."""
 
     count: int = 0
     """Engine replicas, each with its own engine and controller, run as a Ray
-    Serve deployment; this process keeps the gRPC front end (auth, health,
-    TLS) and routes each request by its session. 0: one engine in this
+    Serve deployment; this process keeps the gRPC and HTTP front ends (auth,
+    health, TLS) and routes each request by its session. 0: one engine in this
     process, no Ray (the default)."""
     ray_address: str = ""
     """Ray cluster to run the replicas on: "auto" (the cluster this machine

@@ -148,7 +148,7 @@ def build_app(serving: OpenAIServing) -> FastAPI:
             client = serving.identify(request.headers, request.client.host if request.client else None)
             serving.check_content_type(request.headers.get("content-type"))
             data = await _read_body(request, serving)
-            return JSONResponse(serving.report_outcomes(data, client, request.headers))
+            return JSONResponse(await serving.report_outcomes(data, client, request.headers))
         except ApiError as e:
             return error_response(e)
         except ClientDisconnect:

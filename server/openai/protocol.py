@@ -189,6 +189,14 @@ def _strict_prompt(p: Params, req: pb.CompleteRequest) -> None:
     req.strict_prompt = p.flag("strict_prompt")
 
 
+def _session(p: Params, req: pb.CompleteRequest) -> None:
+    """quickdraft's own parameter, the gRPC request's ``session``: with
+    replicas, a session's requests go to one replica (docs/scaling.md)."""
+    session = p.get("session", (str,), "a string")
+    if session is not None:
+        _set(lambda v: setattr(req, "session", v), session, "session")
+
+
 def _stream_options(p: Params) -> tuple[bool, bool]:
     stream = p.flag("stream")
     options = p.get("stream_options", (dict,), "an object")
@@ -238,6 +246,7 @@ def completion_call(body: Any, bounds: Bounds = Bounds()) -> Call:
         _set(lambda v: setattr(req, "suffix", v), suffix, "suffix")
     _sampling(p, req, "max_tokens", bounds)
     _strict_prompt(p, req)
+    _session(p, req)
     stream, include_usage = _stream_options(p)
     return Call(req, chat=False, stream=stream, include_usage=include_usage, names={"prefix": "prompt"})
 
@@ -298,6 +307,7 @@ def chat_call(body: Any, bounds: Bounds = Bounds()) -> Call:
     max_name = "max_completion_tokens" if p.data.get("max_completion_tokens") is not None else "max_tokens"
     _sampling(p, req, max_name, bounds)
     _strict_prompt(p, req)
+    _session(p, req)
     stream, include_usage = _stream_options(p)
     return Call(req, chat=True, stream=stream, include_usage=include_usage, names={"prefix": "messages", "max_tokens": max_name})
 

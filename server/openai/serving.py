@@ -2,6 +2,10 @@
 an OpenAI body, a stream of server-sent events, or an ``ApiError`` out.
 No network here: ``api_router`` reads the request and watches the
 connection; tests drive these objects directly.
+
+What runs the requests is a ``Service``: ``CompletionService`` in one
+process, ``RoutedService`` (server/replicas/ingress.py) in front of engine
+replicas. Both answer the same three calls, so one HTTP API serves either.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping, Protocol
 
 from quickdraft.server.admission import ANONYMOUS, Client
 from quickdraft.server.config import QuickdraftConfig
@@ -21,13 +25,37 @@ from quickdraft.server.openai.outcomes import outcomes_body, outcomes_request
 from quickdraft.server.openai.protocol import REQUEST_ID_HEADER, SSE_DONE, ApiError, Bounds, Call, Reply, bad, preview, sse
 from quickdraft.server.outcomes import OutcomeBook
 from quickdraft.server.request_validation import MAX_REQUEST_ID
-from quickdraft.server.service import CompletionService
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.wire import AUTHORIZATION_KEY
 
 log = logging.getLogger("quickdraft.http")
 
 UNAUTHENTICATED = "missing or wrong bearer token (header 'Authorization: Bearer <token>')"
+
+
+class Service(Protocol):
+    """What the HTTP API needs of the service behind it."""
+
+    def health(self) -> tuple[bool, str]:
+        """(serving, state): /health's answer."""
+        ...
+
+    def refused(self, code: str, user: str = ANONYMOUS) -> None:
+        """Count a request refused before it reached ``complete``."""
+        ...
+
+    def complete(self, req: pb.CompleteRequest, client: Client | str = ANONYMOUS,
+                 headers: Mapping[str, str] | None = None) -> AsyncIterator[pb.CompleteResponse]:
+        """Stream one completion; raises RequestError; a cancelled caller ends its work."""
+        ...
+
+
+class OutcomeReports(Protocol):
+    """Where outcome reports go when no OutcomeBook is in this process (``RoutedService``)."""
+
+    async def report_outcomes(self, req: pb.ReportOutcomesRequest, client: Client,
+                              headers: Mapping[str, str] | None = None) -> pb.ReportOutcomesResponse:
+        ...
 
 
 class Completion:
@@ -41,13 +69,13 @@ class Completion:
 
     _END = object()
 
-    def __init__(self, service: CompletionService, reply: Reply, client: Client, headers: Mapping[str, str]):
+    def __init__(self, service: Service, reply: Reply, client: Client, headers: Mapping[str, str]):
         self.reply = reply
         self.queue: asyncio.Queue = asyncio.Queue()  # unbounded: the pump never waits on us
         req = reply.call.req
         self.task = asyncio.create_task(self._pump(service, req, client, headers), name=f"http-completion-{req.request_id}")
 
-    async def _pump(self, service: CompletionService, req: pb.CompleteRequest, client: Client, headers: Mapping[str, str]) -> None:
+    async def _pump(self, service: Service, req: pb.CompleteRequest, client: Client, headers: Mapping[str, str]) -> None:
         try:
             async for msg in service.complete(req, client, headers):
                 self.queue.put_nowait(msg)
@@ -95,9 +123,9 @@ class Completion:
 
 
 class OpenAIServing:
-    """Auth, request translation, model list and health of the OpenAI API over one CompletionService."""
+    """Auth, request translation, model list and health of the OpenAI API over one ``Service``."""
 
-    def __init__(self, cfg: QuickdraftConfig, service: CompletionService, auth: Auth, outcomes: OutcomeBook | None = None):
+    def __init__(self, cfg: QuickdraftConfig, service: Service, auth: Auth, outcomes: OutcomeBook | OutcomeReports | None = None):
         self.cfg = cfg
         self.service = service
         self.auth = auth
@@ -162,14 +190,17 @@ class OpenAIServing:
         metrics name its user, as for gRPC."""
         return Completion(self.service, Reply(call, call.req.request_id, self.model), client, headers)
 
-    def report_outcomes(self, data: bytes, client: Client, headers: Mapping[str, str]) -> dict:
+    async def report_outcomes(self, data: bytes, client: Client, headers: Mapping[str, str]) -> dict:
         """POST /v1/completions/outcomes: a body (size already checked) counted
         for ``client``, as the ReportOutcomes RPC does. Raises ApiError."""
         if self.outcomes is None:
             raise ApiError(404, "this server does not take outcome reports", None, "NOT_FOUND")
         req = outcomes_request(data)
         try:
-            reply = self.outcomes.report(req, client, self.service.telemetry.trace_context(headers))
+            if isinstance(self.outcomes, OutcomeBook):
+                reply = self.outcomes.report(req, client, self.outcomes.telemetry.trace_context(headers))
+            else:
+                reply = await self.outcomes.report_outcomes(req, client, headers)
         except RequestError as e:
             raise ApiError(http_status(e.code), e.message, None if e.field is None else f"{e.field}{e.at}", e.code) from None
         return outcomes_body(reply)

@@ -1,14 +1,16 @@
 """The front end of a replicated server (``quickdraft serve --replicas N``):
-this process keeps the gRPC listener of the single-process server (auth,
-TLS, health, reflection: server/grpc_server.py, unchanged) and forwards each
-completion to one of N engine replicas, a Ray Serve deployment
+this process keeps the listeners of the single-process server, gRPC (auth,
+TLS, health, reflection: server/grpc_server.py, unchanged) and, with
+``http.enabled``, the OpenAI HTTP API (server/openai/, unchanged), and
+forwards each completion to one of N engine replicas, a Ray Serve deployment
 (server/replicas/replica.py), through a DeploymentHandle whose request
 router (server/replicas/router.py) routes by session.
 
 ``RoutedService`` stands where ``CompletionService`` stands for the gRPC
-servicer. Cancellation: a cancelled gRPC call cancels the handle call
-explicitly (Ray does not cancel the replica when the awaiting task is
-cancelled), which aborts the engine request on the replica.
+servicer and for ``OpenAIServing``. Cancellation: a cancelled call (gRPC
+cancel or deadline, an HTTP client gone) cancels the handle call explicitly
+(Ray does not cancel the replica when the awaiting task is cancelled), which
+aborts the engine request on the replica.
 
 The calls that concern more than one request's replica: ``PinSpeculation``
 goes to every replica (``ReplicaPin``), ``GetControllerState`` and
@@ -24,7 +26,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict
-from typing import AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping, Sequence
 
 import grpc
 
@@ -42,6 +44,9 @@ from quickdraft.server.telemetry import Telemetry
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.wire import AUTHORIZATION_KEY
 
+if TYPE_CHECKING:
+    from quickdraft.server.openai.http_server import HttpServer
+
 log = logging.getLogger("quickdraft.server")
 
 DEPLOYMENT_NAME = "QuickdraftReplica"
@@ -55,12 +60,18 @@ APPLIED_ORDER = ("released", "unchanged", "live", "standby", "rebuild")
 
 
 def check_replicas_config(cfg: QuickdraftConfig) -> None:
-    """What --replicas does not support yet, refused before anything starts."""
+    """Settings --replicas cannot run with, refused before anything starts."""
     cfg.replicas.validate()
     if cfg.replicas.count < 1:
         raise ConfigError("replicas.count must be >= 1 to run replicas (0 runs the single-process server)")
-    if cfg.http.enabled:
-        raise ConfigError("http.enabled with replicas.count > 0: the HTTP API is not routed to replicas yet; use gRPC, or replicas.count = 0")
+
+
+def refusal_error(item: tuple) -> RequestError:
+    """A replica's refusal (``replica.refusal``) as the RequestError it raised:
+    with its field, which the HTTP API names as the parameter the client sent."""
+    _, code, detail, metadata, *where = item
+    field, at = where if where else (None, "")
+    return RequestError(code, detail, metadata, field=field, at=at)
 
 
 def _is_replica_gone(e: BaseException) -> bool:
@@ -70,8 +81,9 @@ def _is_replica_gone(e: BaseException) -> bool:
 
 
 class RoutedService:
-    """The gRPC servicer's service when the engines are replicas: the same
-    calls as CompletionService, each forwarded to a replica."""
+    """The front ends' service when the engines are replicas: the same calls
+    as CompletionService (``serving.Service`` is what HTTP needs), each
+    forwarded to a replica."""
 
     def __init__(self, cfg: QuickdraftConfig, handle, telemetry: Telemetry):
         self.cfg = cfg
@@ -126,10 +138,9 @@ class RoutedService:
                                 if req.request_id:
                                     self._served(client.user, req.request_id, replica)
                             elif item[0] == ERROR:
-                                _, code, message, metadata = item
-                                if code == "UNAVAILABLE" and not started and attempt < self.cfg.replicas.max_attempts:
+                                if item[1] == "UNAVAILABLE" and not started and attempt < self.cfg.replicas.max_attempts:
                                     break  # engine restarting or draining there: try another
-                                raise RequestError(code, message, metadata)
+                                raise refusal_error(item)
                             elif item[0] == MESSAGE:
                                 started = True
                                 msg = pb.CompleteResponse.FromString(item[1])
@@ -243,7 +254,7 @@ class RoutedService:
                     raise RequestError("INTERNAL", f"replica call failed: {type(answer).__name__}") from answer
                 out.unknown_request_ids += len(outcomes)  # its book went with it
             elif answer[0] == ERROR:
-                raise RequestError(answer[1], answer[2], answer[3])
+                raise refusal_error(answer)
             else:
                 part = pb.ReportOutcomesResponse.FromString(answer[1])
                 out.recorded += part.recorded
@@ -443,6 +454,17 @@ def front_end(cfg: QuickdraftConfig, service: RoutedService, auth: Auth) -> Grpc
     return server
 
 
+def http_front_end(cfg: QuickdraftConfig, service: RoutedService, auth: Auth) -> HttpServer:
+    """The single-process server's HTTP API (routes, auth, limits, errors,
+    hang-ups) over ``service``; outcome reports go to the replica that served
+    each request, as over gRPC."""
+    from quickdraft.server.openai.api_router import build_app
+    from quickdraft.server.openai.http_server import HttpServer
+    from quickdraft.server.openai.serving import OpenAIServing
+
+    return HttpServer(cfg, build_app(OpenAIServing(cfg, service, auth, outcomes=service)))
+
+
 def replica_status_message(s: Mapping[str, object]) -> pb.ReplicaStatus:
     return pb.ReplicaStatus(replica_id=str(s.get("replica_id", "")), state=str(s.get("state", "")),
                             speculative_config=str(s.get("speculative_config", "")),
@@ -485,7 +507,8 @@ def deployment(cfg: QuickdraftConfig):
 
 
 class ReplicaServer:
-    """``quickdraft serve --replicas N``: Ray, the replica deployment, and the gRPC front end."""
+    """``quickdraft serve --replicas N``: Ray, the replica deployment, and the
+    front ends (gRPC, and HTTP with ``http.enabled``)."""
 
     POLL_S = 1.0
 
@@ -497,13 +520,15 @@ class ReplicaServer:
         self.service: RoutedService | None = None
         self.metrics = ReplicaMetrics(self.telemetry, lambda: self.service.statuses if self.service else [])
         self.grpc: GrpcServer | None = None
+        self.http: HttpServer | None = None
         self.port = 0
         self._poller: asyncio.Task | None = None
         self._stop = asyncio.Event()
         self._owns_ray = False
 
     async def start(self) -> int:
-        """Bind the gRPC port (NOT_SERVING), start Ray and the replicas; serving once one replica serves."""
+        """Bind the gRPC port (NOT_SERVING) and the HTTP one (503 on /health),
+        start Ray and the replicas; serving once one replica serves."""
         check_remote_exposure(self.cfg)
         import ray
         from ray import serve
@@ -520,6 +545,9 @@ class ReplicaServer:
         self.service = RoutedService(self.cfg, None, self.telemetry)  # the handle comes once the replicas run
         self.grpc = front_end(self.cfg, self.service, self.auth)
         self.port = await self.grpc.start()
+        if self.cfg.http.enabled:
+            self.http = http_front_end(self.cfg, self.service, self.auth)
+            await self.http.start()
         t0 = time.perf_counter()
         self.service.handle = await asyncio.wait_for(
             asyncio.to_thread(serve.run, deployment(self.cfg), name=rc.app_name, route_prefix=None), rc.start_timeout_s)
@@ -549,7 +577,11 @@ class ReplicaServer:
             self.service.stop_accepting()
         if self.grpc:
             await self.grpc.drain()
-            await self.grpc.stop(grace)
+        # Both front ends drain together, within one grace period.
+        stops = [self.grpc.stop(grace)] if self.grpc else []
+        if self.http:
+            stops.append(self.http.stop())
+        await asyncio.gather(*stops)
         try:
             await asyncio.to_thread(serve.delete, self.cfg.replicas.app_name)
         except Exception:  # noqa: BLE001 - Ray may be gone already
@@ -579,7 +611,8 @@ class ReplicaServer:
             await self.shutdown(0)
             return 1
         routed = "by session" if self.cfg.replicas.routing == "session" else "round-robin"
-        print(f"quickdraft: gRPC on {self.cfg.server.host}:{self.port}, {self.cfg.replicas.count} replicas of "
+        http = f", HTTP on {self.cfg.http.host}:{self.http.port}" if self.http else ""
+        print(f"quickdraft: gRPC on {self.cfg.server.host}:{self.port}{http}, {self.cfg.replicas.count} replicas of "
               f"{self.cfg.preset.name} (Ray Serve, routed {routed})", flush=True)
         await stop.wait()
         await self.shutdown()

@@ -5,8 +5,9 @@ with no listener of its own.
 The front end (server/replicas/ingress.py) calls it through a
 DeploymentHandle. What crosses Ray is plain data: the request and the
 responses as serialized protobuf, the caller as ``admission.Client``, a
-refusal as ``(ERROR, code, message, metadata)``, so that the front end can
-tell a refusal from a replica that died. A stream starts with
+refusal as ``(ERROR, code, detail, metadata, field, at)`` (``refusal``), so
+that the front end can tell a refusal from a replica that died, and each of
+its front ends names the field its own way. A stream starts with
 ``(REPLICA, replica_id)``: the front end remembers which replica served each
 request, to send the request's outcome reports there.
 """
@@ -42,6 +43,11 @@ NOT_SERVING = "NOT_SERVING"
 # The "predicted" TTFT the router reads is measured first: the median inline TTFT over this window.
 MEASURED_TTFT_WINDOW_S = 60.0
 MIN_MEASURED_TTFTS = 3  # fewer: the controller's prediction, if it has one
+
+
+def refusal(e: RequestError) -> tuple:
+    """A RequestError as plain data, every part of it: the front end raises it again (``ingress.refusal_error``)."""
+    return (ERROR, e.code, e.detail, dict(e.metadata), e.field, e.at)
 
 
 def replica_config(cfg: QuickdraftConfig) -> QuickdraftConfig:
@@ -86,7 +92,7 @@ class QuickdraftReplica:
                 async for msg in stream:
                     yield (MESSAGE, msg.SerializeToString())
         except RequestError as e:
-            yield (ERROR, e.code, e.message, dict(e.metadata))
+            yield refusal(e)
 
     async def controller_state(self, session: str = "") -> bytes:
         """A ``ReplicaControllerState``: this replica's id and its controller's state."""
@@ -135,7 +141,7 @@ class QuickdraftReplica:
         try:
             reply = self.server.outcomes.report(request, client, self.server.service.telemetry.trace_context(headers or {}))
         except RequestError as e:
-            return (ERROR, e.code, e.message, dict(e.metadata))
+            return refusal(e)
         return (MESSAGE, reply.SerializeToString())
 
     async def outcome_stats(self) -> bytes:

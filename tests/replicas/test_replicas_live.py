@@ -31,7 +31,7 @@ def replicated(tmp_path_factory):
 
     token_file = tmp_path_factory.mktemp("tok") / "token"
     token_file.write_text(TOKEN)
-    cfg = embedded_config(http__enabled=False, security__auth_token_file=str(token_file))
+    cfg = embedded_config(security__auth_token_file=str(token_file))  # HTTP too, on a free port
     cfg.replicas.count = 2
     cfg.replicas.app_name = f"qd-test-{os.getpid()}"
     cfg.replicas.cpus_per_replica = 0.5
@@ -108,6 +108,25 @@ def test_cancel_through_the_ingress_frees_the_replica(replicated):
     # The replica's request ended as cancelled (aborted in the engine), not by running to its end.
     assert wait_for(lambda: cancelled() == before + 1, 20), statuses(server, loop)
     assert wait_for(lambda: sum(s["open_streams"] for s in statuses(server, loop)) == 0, 20), statuses(server, loop)
+
+
+def test_an_http_completion_goes_to_its_sessions_replica(replicated):
+    import httpx
+
+    server, loop = replicated
+    ids = [s["replica_id"] for s in statuses(server, loop)]
+    session = next(f"http{i}/repo" for i in range(100) if home_order(f"http{i}/repo", ids)[0] == ids[1])
+    url = f"http://127.0.0.1:{server.http.port}"
+    assert httpx.get(f"{url}/health").json() == {"status": "serving"}
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHENTICATED"
+    before = {s["replica_id"]: s["prefix_cache_queried_tokens"] for s in statuses(server, loop)}
+    r = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120,
+                   json={"prompt": "def add(a, b):\n    return ", "max_tokens": 4, "session": session})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0, r.text
+    time.sleep(1.5)  # a replica's counters reach the status poll
+    after = {s["replica_id"]: s["prefix_cache_queried_tokens"] for s in statuses(server, loop)}
+    assert [rid for rid in ids if after[rid] > before[rid]] == [ids[1]], (before, after)
 
 
 def test_a_pin_reaches_both_replicas_outcomes_reach_the_one_that_served_and_each_replica_shows_its_ttft(replicated):
