@@ -203,3 +203,16 @@ def test_real_base_tokenizer_takes_the_fim_tokens():
     text = render(CodeContext(prefix="import os\n", suffix="\n", file_path="x.py", repo_name="r")) + "pass" + ENDOFTEXT
     got = sf.encode(tok, [text])[0]
     assert tok.decode(got) == text and got[-1] == 0  # <|endoftext|> is SmolLM2's id 0
+
+
+def test_mix_keeps_the_context_share_whichever_kind_is_larger() -> None:
+    import torch
+
+    from training.smollm2_fim import mix
+
+    old = torch.zeros(100, 3, dtype=torch.long)
+    ctx = torch.ones(400, 3, dtype=torch.long)
+    rows = mix(old, ctx, 0.5, seed=0)
+    assert len(rows) == 200 and int(rows[:, 0].sum()) == 100  # context cut to the old mix's 100
+    rows = mix(torch.zeros(400, 3, dtype=torch.long), ctx[:100], 0.5, seed=0)
+    assert len(rows) == 200 and int(rows[:, 0].sum()) == 100  # old mix cut to the context's 100

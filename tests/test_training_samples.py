@@ -36,3 +36,20 @@ def test_cursor_inside_a_line_never_starts_past_the_line() -> None:
         if middle == "":
             # an empty middle only where the cursor sits at the end of a line's content
             assert suffix == "" or suffix[0] in "\r\n" or prefix == ""
+
+
+def test_end_of_text_only_where_the_file_ends() -> None:
+    """Plain samples of a file cut into chunks: only the last chunk ends with the end-of-text
+    token (one after every chunk taught the model to stop at any line break)."""
+    from quickdraft.prompt_format import ENDOFTEXT, FIM_MIDDLE
+    from training.samples import MAX_CHARS, samples
+
+    whole = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(600))
+    assert len(whole) > 3 * MAX_CHARS
+    texts = list(samples({"dist": [("pkg/long.py", whole)]}, seed=0))
+    plain = [t for t in texts if FIM_MIDDLE not in t]
+    assert plain, "some chunks become plain samples"
+    tails = [t for t in plain if t.endswith(ENDOFTEXT)]
+    # at most the file's last chunk, and that one only if it was rendered plain
+    assert len(tails) <= 1
+    assert all(t.removesuffix(ENDOFTEXT).endswith(whole[-40:]) for t in tails)

@@ -62,8 +62,11 @@ def fim_sample(path: str, text: str, rng: random.Random, context: list[tuple[str
     return prompt + middle + ENDOFTEXT
 
 
-def plain_sample(path: str, text: str, context: list[tuple[str, str]] = (), repo: str = "") -> str:
-    return render(CodeContext(prefix=text, file_path=path, repo_name=repo, context_files=context)) + ENDOFTEXT
+def plain_sample(path: str, text: str, context: list[tuple[str, str]] = (), repo: str = "", file_end: bool = True) -> str:
+    """A prefix-only sample; the end-of-text token only where the file really ends: after a
+    chunk or window that stops mid-file it would teach the model to stop at any line break."""
+    prompt = render(CodeContext(prefix=text, file_path=path, repo_name=repo, context_files=context))
+    return prompt + ENDOFTEXT if file_end else prompt
 
 
 def chunks(text: str, max_chars: int = MAX_CHARS) -> Iterator[str]:
@@ -86,11 +89,13 @@ def samples(dist_files: dict[str, list[tuple[str, str]]], seed: int) -> Iterator
         rng.shuffle(order)
         for idx in order:
             path, whole = files[idx]
-            for text in chunks(whole):
-                yield _sample(dist, files, idx, path, text, rng)
+            pieces = list(chunks(whole))
+            for n, text in enumerate(pieces):
+                yield _sample(dist, files, idx, path, text, rng, file_end=n == len(pieces) - 1)
 
 
-def _sample(dist: str, files: list[tuple[str, str]], idx: int, path: str, text: str, rng: random.Random) -> str:
+def _sample(dist: str, files: list[tuple[str, str]], idx: int, path: str, text: str, rng: random.Random,
+            file_end: bool = True) -> str:
     r = rng.random()
     if r < 0.25 and len(files) > 1:
         # Repository level: up to three other files of the distribution, shortened.
@@ -101,11 +106,13 @@ def _sample(dist: str, files: list[tuple[str, str]], idx: int, path: str, text: 
             piece = window(otext, rng, max(200, budget // max(1, len(others))))
             context.append((opath, piece))
         own = window(text, rng, MAX_CHARS // 2)
-        return (fim_sample(path, own, rng, context, dist) if rng.random() < 0.5 else plain_sample(path, own, context, dist))
+        own_end = file_end and text.endswith(own)
+        return (fim_sample(path, own, rng, context, dist) if rng.random() < 0.5
+                else plain_sample(path, own, context, dist, file_end=own_end))
     elif r < 0.75:
         return fim_sample(path, text, rng)
     else:
-        return plain_sample(path, text)
+        return plain_sample(path, text, file_end=file_end)
 
 
 def generation_prompt(text: str, rng: random.Random, path: str = "", fim: bool = True) -> tuple[str, str]:

@@ -192,11 +192,15 @@ def encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
 
 
 def mix(old: torch.Tensor, ctx: torch.Tensor, ctx_share: float, seed: int) -> torch.Tensor:
+    """Rows of both kinds, ``ctx_share`` of them context samples: the larger kind is cut down,
+    as a run sees less than one pass over either (the old mix's plain and repository samples
+    are what teach prefix-only prompts; outnumbered, they were unlearnt)."""
     if len(ctx) == 0:
         return old
     n_old = min(len(old), int(len(ctx) * (1 - ctx_share) / ctx_share))
+    n_ctx = min(len(ctx), int(round(n_old * ctx_share / (1 - ctx_share)))) if ctx_share < 1 else len(ctx)
     g = torch.Generator().manual_seed(seed)
-    return torch.cat([old[torch.randperm(len(old), generator=g)[:n_old]], ctx])
+    return torch.cat([old[torch.randperm(len(old), generator=g)[:n_old]], ctx[torch.randperm(len(ctx), generator=g)[:n_ctx]]])
 
 
 # --- training --------------------------------------------------------------------------
