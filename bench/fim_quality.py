@@ -36,6 +36,7 @@ import statistics
 from dataclasses import dataclass
 
 from quickdraft.bench.lsp_common import report
+from quickdraft.bench.servers import wait_address_serving
 from quickdraft.client import build_request
 from quickdraft.lsp_bridge.backend import UP, Backend, BackendConfig, Outcome
 from quickdraft.lsp_bridge.completer import make_request
@@ -207,6 +208,9 @@ async def run(args: argparse.Namespace) -> dict:
             task, root, files, b, settings, args.open_neighbours, repository_context=False)
     backends: dict[str, Backend] = {}
     if not args.dry_run:
+        # A server just started answers before its engine serves: every task would fail.
+        if not await wait_address_serving(args.server, args.wait):
+            raise SystemExit(f"the quickdraft server at {args.server} was not serving within --wait {args.wait:.0f} s")
         for name in builders:
             backends[name] = backend = Backend(BackendConfig(address=args.server, request_timeout_s=args.timeout))
             backend.start()
@@ -319,6 +323,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--chars-per-token", type=float, default=0.0)
     parser.add_argument("--open-neighbours", type=int, default=4, help="same-directory files opened as editor tabs")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    parser.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the server's engine to serve")
     parser.add_argument("--dry-run", action="store_true", help="build the prompts, ask no server")
     parser.add_argument("--file-only", action="store_true",
                         help="add a third condition: the bridge's prompt without repository context")

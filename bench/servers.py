@@ -19,6 +19,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 START_TIMEOUT_S = 900.0  # engine starts take 20-45 s on 2 idle cores, minutes on a busy machine
 
@@ -110,24 +111,32 @@ def quickdraft_server(label: str, overrides: dict[str, str], log_dir: Path, pres
     return ServerProcess(label=label, argv=argv, log_path=log_dir / f"{safe(label)}.server.log", port=port)
 
 
-async def wait_grpc_serving(server: ServerProcess, timeout_s: float = START_TIMEOUT_S) -> None:
+async def wait_address_serving(address: str, timeout_s: float, alive: Callable[[], None] = lambda: None) -> bool:
+    """Wait until the gRPC health service at ``address`` says the completion service
+    serves (its engine is up, not just the port); ``alive`` raises if the server died.
+    False after ``timeout_s``."""
     import grpc.aio
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     end = time.monotonic() + timeout_s
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+    async with grpc.aio.insecure_channel(address) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while time.monotonic() < end:
-            server.ensure_running()
+            alive()
             try:
                 r = await stub.Check(health_pb2.HealthCheckRequest(service="quickdraft.v1.Completion"), timeout=2)
                 if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    server.ready()
-                    return
+                    return True
             except grpc.aio.AioRpcError:
                 pass
             await asyncio.sleep(0.5)
-    raise TimeoutError(f"{server.label}: not serving after {timeout_s:.0f} s (log {server.log_path})")
+    return False
+
+
+async def wait_grpc_serving(server: ServerProcess, timeout_s: float = START_TIMEOUT_S) -> None:
+    if not await wait_address_serving(f"127.0.0.1:{server.port}", timeout_s, server.ensure_running):
+        raise TimeoutError(f"{server.label}: not serving after {timeout_s:.0f} s (log {server.log_path})")
+    server.ready()
 
 
 def vllm_binary() -> list[str]:

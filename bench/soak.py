@@ -97,23 +97,14 @@ def start_server(port: int, log_path: Path, extra: list[str]) -> subprocess.Pope
 
 
 async def wait_serving(address: str, timeout: float, proc: subprocess.Popen | None) -> None:
-    import grpc.aio
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from quickdraft.bench.servers import wait_address_serving
 
-    end = time.monotonic() + timeout
-    async with grpc.aio.insecure_channel(address) as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        while time.monotonic() < end:
-            if proc is not None and proc.poll() is not None:
-                raise SystemExit(f"soak: the server exited with {proc.returncode} while starting")
-            try:
-                r = await stub.Check(health_pb2.HealthCheckRequest(service="quickdraft.v1.Completion"), timeout=2)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.aio.AioRpcError:
-                pass
-            await asyncio.sleep(0.5)
-    raise SystemExit(f"soak: {address} not serving after {timeout:.0f} s")
+    def alive() -> None:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"soak: the server exited with {proc.returncode} while starting")
+
+    if not await wait_address_serving(address, timeout, alive):
+        raise SystemExit(f"soak: {address} not serving after {timeout:.0f} s")
 
 
 class Soak:

@@ -110,9 +110,17 @@ class FakeServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    async def start(self) -> None:
+    async def start(self, serving: bool = True) -> None:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        from grpc_health.v1.health import aio as health_aio
+
         server = grpc.aio.server()
         add_CompletionServicer_to_server(self.fake, server)
+        # As the real server: NOT_SERVING while its engine starts.
+        self.health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        await self.health.set("quickdraft.v1.Completion", status)
         self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
         await server.start()
         self._server = server

@@ -33,7 +33,7 @@ async def test_fim_quality_against_the_fake_server(tmp_path, fake_server):
     await fim_quality.run(
         argparse.Namespace(
             server=fake_server.address, source_dir=str(src), tasks=6, seed=1, languages=None, max_tokens=16,
-            budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, dry_run=False, json=str(out),
+            budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, wait=10.0, dry_run=False, json=str(out),
             file_only=False, blank_line_at_cursor=False,
         )
     )
@@ -64,7 +64,7 @@ async def test_fim_quality_rebuilds_prompts_refused_as_too_long(tmp_path, fake_s
     await fim_quality.run(
         argparse.Namespace(
             server=fake_server.address, source_dir=str(src), tasks=4, seed=3, languages=None, max_tokens=16,
-            budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, dry_run=False, json=str(out),
+            budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, wait=10.0, dry_run=False, json=str(out),
             file_only=True, blank_line_at_cursor=False,
         )
     )
@@ -89,3 +89,20 @@ def test_paired_difference_says_when_a_win_is_clear():
     assert clear["mean"] == pytest.approx(0.1) and clear["ci95"][0] > 0 and clear["wins"] == 60
     mixed = paired_difference([0.9, 0.1] * 30, [0.1, 0.9] * 30)
     assert mixed["ci95"][0] < 0 < mixed["ci95"][1] and mixed["wins"] == mixed["losses"] == 30
+
+
+async def test_fim_quality_waits_for_the_engine_and_gives_up_saying_so(tmp_path, fake_server):
+    """A server whose engine still starts (health NOT_SERVING) gets no task: the run waits,
+    then stops naming the server, instead of scoring every task as an error."""
+    from grpc_health.v1 import health_pb2
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("def f(x):\n    return x + 1\n\n\ndef g(y):\n    return y * 2\n")
+    await fake_server.health.set("quickdraft.v1.Completion", health_pb2.HealthCheckResponse.NOT_SERVING)
+    args = argparse.Namespace(server=fake_server.address, source_dir=str(src), tasks=2, seed=1, languages=None, max_tokens=8,
+                              budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, wait=1.0, dry_run=False,
+                              json=str(tmp_path / "fim.json"), file_only=False, blank_line_at_cursor=False)
+    with pytest.raises(SystemExit, match=f"{fake_server.address} was not serving within --wait 1"):
+        await fim_quality.run(args)
+    assert fake_server.fake.requests == []
