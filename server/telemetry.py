@@ -41,8 +41,8 @@ class RequestRecord:
     ttft_s: float | None
     tpot_s: float | None
     duration_s: float
-    prompt_tokens: int
-    completion_tokens: int
+    prompt_tokens: int | None  # None: unknown (a replicas front end relaying a cancelled or failed stream)
+    completion_tokens: int | None
     finish: str  # stop, length, cancelled, error
     spec_label: str
     accepted_per_position: list[int]
@@ -121,8 +121,10 @@ class Telemetry:
         if r.tpot_s is not None:
             self.tpot.record(r.tpot_s, attrs)
         self.duration.record(r.duration_s, attrs)
-        self.tokens.record(r.prompt_tokens, {**attrs, "gen_ai.token.type": "input"})
-        self.tokens.record(r.completion_tokens, {**attrs, "gen_ai.token.type": "output"})
+        if r.prompt_tokens is not None:
+            self.tokens.record(r.prompt_tokens, {**attrs, "gen_ai.token.type": "input"})
+        if r.completion_tokens is not None:
+            self.tokens.record(r.completion_tokens, {**attrs, "gen_ai.token.type": "output"})
         # The user only on counters: per-user histograms would multiply the series by the team's size.
         self.requests.add(1, {**attrs, "quickdraft.finish": r.finish, "enduser.id": r.user})
         if r.finish == "cancelled" and r.completion_tokens:

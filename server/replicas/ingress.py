@@ -26,6 +26,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping, Sequence
 
 import grpc
@@ -34,13 +35,14 @@ from quickdraft.server.admission import Admission, Client
 from quickdraft.server.config import ConfigError, QuickdraftConfig
 from quickdraft.server.config.validation import check_remote_exposure
 from quickdraft.server.errors import RequestError
-from quickdraft.server.frontend import Auth, grpc_peer_host
+from quickdraft.server.frontend import FINISH_REASON_NAMES, Auth, grpc_peer_host
 from quickdraft.server.grpc_server import CompletionServicer, GrpcServer, _BadRequest
 from quickdraft.server.outcomes import Figures, check_report
 from quickdraft.server.replicas.replica import ERROR, MESSAGE, NOT_SERVING, REPLICA, QuickdraftReplica
 from quickdraft.server.replicas.routing import session_key
 from quickdraft.server.speculative import SpecConfig
-from quickdraft.server.telemetry import Telemetry
+from quickdraft.server.request_validation import LATENCY_CLASS_NAMES
+from quickdraft.server.telemetry import RequestRecord, Telemetry
 from quickdraft.v1 import completion_pb2 as pb
 from quickdraft.wire import AUTHORIZATION_KEY
 
@@ -80,6 +82,18 @@ def _is_replica_gone(e: BaseException) -> bool:
     return isinstance(e, (RayActorError, ActorUnavailableError))
 
 
+@dataclass
+class Relay:
+    """What the front end saw of one forwarded completion (``RoutedService._record``)."""
+
+    arrival: float
+    replica: str = ""  # the replica of the current attempt, once it answered
+    started: bool = False  # a message was relayed
+    first: float | None = None  # perf_counter at the first text relayed
+    final: pb.CompleteFinal | None = None
+    finish: str = ""  # error or cancelled when the stream ended without its final message
+
+
 class RoutedService:
     """The front ends' service when the engines are replicas: the same calls
     as CompletionService (``serving.Service`` is what HTTP needs), each
@@ -117,11 +131,14 @@ class RoutedService:
                        headers: Mapping[str, str] | None = None) -> AsyncIterator[pb.CompleteResponse]:
         """Forward one completion. Before the first message a replica that is
         gone or answers UNAVAILABLE is left for another (replicas.max_attempts);
-        after it, the stream ends with UNAVAILABLE (text is never replayed)."""
+        after it, the stream ends with UNAVAILABLE (text is never replayed).
+        The request's metrics are recorded here, from the relayed stream
+        (``_record``): the replicas export none."""
         client = client if isinstance(client, Client) else Client(client)
         session = session_key(req.session, client, req.repo_name)
         payload = req.SerializeToString()
         carried = {k: v for k, v in (headers or {}).items() if k in FORWARDED_HEADERS}
+        relay = Relay(arrival=time.perf_counter())
         try:
             if self.handle is None:
                 raise RequestError("UNAVAILABLE", "the engine replicas are starting; retry shortly")
@@ -129,12 +146,12 @@ class RoutedService:
                 for attempt in range(1, self.cfg.replicas.max_attempts + 1):
                     started = False
                     done = False
-                    replica = ""
+                    replica = relay.replica = ""
                     call = self.handle.options(stream=True).complete.remote(payload, client, carried, session=session)
                     try:
                         async for item in call:
                             if item[0] == REPLICA:
-                                replica = item[1]
+                                replica = relay.replica = item[1]
                                 if req.request_id:
                                     self._served(client.user, req.request_id, replica)
                             elif item[0] == ERROR:
@@ -142,10 +159,14 @@ class RoutedService:
                                     break  # engine restarting or draining there: try another
                                 raise refusal_error(item)
                             elif item[0] == MESSAGE:
-                                started = True
+                                started = relay.started = True
                                 msg = pb.CompleteResponse.FromString(item[1])
-                                if msg.HasField("final") and replica:
-                                    self._served(client.user, msg.final.request_id, replica)  # the id the replica made
+                                if msg.text and relay.first is None:
+                                    relay.first = time.perf_counter()
+                                if msg.HasField("final"):
+                                    relay.final = msg.final
+                                    if replica:
+                                        self._served(client.user, msg.final.request_id, replica)  # the id the replica made
                                 yield msg
                         else:
                             done = True
@@ -168,8 +189,50 @@ class RoutedService:
                             call.cancel()
                     self.retried += 1
         except RequestError as e:
+            relay.finish = "error"
             self.telemetry.reject(e.code, user=client.user)
             raise
+        except (asyncio.CancelledError, GeneratorExit):
+            relay.finish = "cancelled"  # the caller went: task cancelled, generator closed
+            raise
+        finally:
+            self._record(req, client, relay)
+
+    def _record(self, req: pb.CompleteRequest, client: Client, relay: Relay) -> None:
+        """The request's metrics as the single-process service records them
+        (``Telemetry.record``: the same series), from what this front end
+        relayed. With a final message, its figures: the replica's TTFT and
+        TPOT, tokens, finish reason, speculative config and drafts. Without
+        one, a request that reached a replica and was cancelled, or failed
+        after its first message, counts ``cancelled`` or ``error`` with the
+        TTFT measured here (to its first text), the replica's config as last
+        polled, and no token figures (a replica relays none before its final
+        message). A refusal before any message counts as a refusal only."""
+        final = relay.final
+        if final is None and not (relay.replica and (relay.finish == "cancelled" or (relay.finish == "error" and relay.started))):
+            return
+        common = dict(latency_class=LATENCY_CLASS_NAMES.get(req.latency_class, "inline"), duration_s=time.perf_counter() - relay.arrival,
+                      user=client.user, language=req.language_id)
+        if final is not None:
+            spec = final.speculative
+            record = RequestRecord(
+                ttft_s=final.ttft_ms / 1000 if final.completion_tokens else None,
+                tpot_s=final.tpot_ms / 1000 if final.completion_tokens >= 2 else None,
+                prompt_tokens=final.prompt_tokens, completion_tokens=final.completion_tokens,
+                finish=FINISH_REASON_NAMES.get(final.finish_reason, "unspecified"), spec_label=spec.config,
+                accepted_per_position=list(spec.accepted_per_position), num_drafts=spec.num_drafts,
+                request_id=final.request_id, **common)
+        else:
+            status = next((s for s in self.statuses if s.get("replica_id") == relay.replica), {})
+            label = str(status.get("speculative_config", "")) or (self.info.speculative.label if self.info is not None else "")
+            record = RequestRecord(
+                ttft_s=None if relay.first is None else relay.first - relay.arrival, tpot_s=None,
+                prompt_tokens=None, completion_tokens=None, finish=relay.finish, spec_label=label,
+                accepted_per_position=[], num_drafts=0, request_id=req.request_id, **common)
+        try:
+            self.telemetry.record(record)
+        except Exception:  # noqa: BLE001 - metrics must never fail a request
+            log.exception("could not record a relayed request's metrics")
 
     def server_info(self) -> pb.ServerInfo:
         info = pb.ServerInfo()
@@ -599,6 +662,17 @@ class ReplicaServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        if self.auth.per_user:
+            loop.add_signal_handler(signal.SIGHUP, self.reload_users)
+
+    def reload_users(self) -> None:
+        """SIGHUP: re-read security.auth_tokens_file, as the single-process
+        server does (a broken file keeps the old users). Auth is the front
+        end's alone: the replicas check no tokens."""
+        try:
+            self.auth.reload()
+        except Exception:  # noqa: BLE001 - a reload must never take the server down
+            log.exception("tokens file reload failed; keeping the users loaded before")
 
     async def serve_forever(self) -> int:
         """Run until SIGTERM/SIGINT; exit code 0 after a clean drain."""
