@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from quickdraft.server.admission import Client
 from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.config.validation import check_tls_files
 from quickdraft.server.errors import RequestError
@@ -51,6 +52,12 @@ def _parse(message_type):
     return parse
 
 
+async def abort_unparsed(request, context: grpc.aio.ServicerContext) -> None:
+    """INVALID_ARGUMENT for a request whose bytes did not parse (``_parse``)."""
+    if isinstance(request, _BadRequest):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request could not be parsed: {request.error} (string fields must be valid UTF-8)")
+
+
 class CompletionServicer:
     """gRPC adapter: protocol in, protocol out; the logic is CompletionService's."""
 
@@ -62,12 +69,16 @@ class CompletionServicer:
         self.pin = pin
         self.outcomes = outcomes
 
+    def caller(self, context: grpc.aio.ServicerContext) -> tuple[dict[str, str], Client]:
+        """(the call's metadata, the client it authenticates as)."""
+        md = dict(context.invocation_metadata() or ())
+        return md, self.auth.client(md.get(AUTHORIZATION_KEY, ""), grpc_peer_host(context.peer()))
+
     async def Complete(self, request, context: grpc.aio.ServicerContext):
         if isinstance(request, _BadRequest):
             self.service.refused("INVALID_ARGUMENT")
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request could not be parsed: {request.error} (string fields must be valid UTF-8)")
-        md = dict(context.invocation_metadata() or ())
-        client = self.auth.client(md.get(AUTHORIZATION_KEY, ""), grpc_peer_host(context.peer()))
+        await abort_unparsed(request, context)
+        md, client = self.caller(context)
         try:
             async for msg in self.service.complete(request, client, md):
                 yield msg
@@ -90,8 +101,7 @@ class CompletionServicer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request could not be parsed: {request.error}")
         if self.pin is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server does not take pins")
-        md = dict(context.invocation_metadata() or ())
-        if not self.auth.client(md.get(AUTHORIZATION_KEY, ""), grpc_peer_host(context.peer())).admin:
+        if not self.caller(context)[1].admin:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 "PinSpeculation changes the server for every user: it needs a user with admin = true in security.auth_tokens_file")
         try:
@@ -102,12 +112,10 @@ class CompletionServicer:
                                          applied=applied, switch_ms=ms)
 
     async def ReportOutcomes(self, request, context):
-        if isinstance(request, _BadRequest):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request could not be parsed: {request.error} (string fields must be valid UTF-8)")
+        await abort_unparsed(request, context)
         if self.outcomes is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server does not take outcome reports")
-        md = dict(context.invocation_metadata() or ())
-        client = self.auth.client(md.get(AUTHORIZATION_KEY, ""), grpc_peer_host(context.peer()))
+        md, client = self.caller(context)
         try:
             return self.outcomes.report(request, client, self.service.telemetry.trace_context(md))
         except RequestError as e:
@@ -206,12 +214,14 @@ class GrpcServer:
     """The gRPC listener on cfg.server.host:cfg.server.port (0: a free port,
     then read ``.port``): the Completion service, grpc.health.v1 and reflection."""
 
-    def __init__(self, cfg: QuickdraftConfig, service: CompletionService, auth: Auth, controller_state: Callable[[], pb.ControllerState | None],
-                 pin: SpeculationPin | None = None, outcomes: OutcomeBook | None = None):
+    def __init__(self, cfg: QuickdraftConfig, service: CompletionService, auth: Auth,
+                 controller_state: Callable[[], pb.ControllerState | None] | None = None,
+                 pin: SpeculationPin | None = None, outcomes: OutcomeBook | None = None, servicer: CompletionServicer | None = None):
+        """``servicer``: another servicer in the place of the one made from the arguments (replicas' front end)."""
         self.cfg = cfg
         self.service = service
         self.auth = auth
-        self.servicer = CompletionServicer(service, auth, controller_state, pin, outcomes)
+        self.servicer = servicer or CompletionServicer(service, auth, controller_state, pin, outcomes)
         self.health = BoundedHealthServicer(cfg.limits.max_health_watchers)
         self.server: grpc.aio.Server | None = None
         self.port = 0

@@ -35,8 +35,8 @@ from quickdraft.server.admission import Admission, Client
 from quickdraft.server.config import ConfigError, QuickdraftConfig
 from quickdraft.server.config.validation import check_remote_exposure
 from quickdraft.server.errors import RequestError
-from quickdraft.server.frontend import FINISH_REASON_NAMES, Auth, grpc_peer_host
-from quickdraft.server.grpc_server import CompletionServicer, GrpcServer, _BadRequest
+from quickdraft.server.frontend import FINISH_REASON_NAMES, Auth
+from quickdraft.server.grpc_server import CompletionServicer, GrpcServer, abort_unparsed
 from quickdraft.server.outcomes import Figures, check_report
 from quickdraft.server.replicas.replica import ERROR, MESSAGE, NOT_SERVING, REPLICA, QuickdraftReplica
 from quickdraft.server.replicas.routing import session_key
@@ -44,7 +44,6 @@ from quickdraft.server.speculative import SpecConfig
 from quickdraft.server.request_validation import LATENCY_CLASS_NAMES
 from quickdraft.server.telemetry import RequestRecord, Telemetry
 from quickdraft.v1 import completion_pb2 as pb
-from quickdraft.wire import AUTHORIZATION_KEY
 
 if TYPE_CHECKING:
     from quickdraft.server.openai.http_server import HttpServer
@@ -71,8 +70,7 @@ def check_replicas_config(cfg: QuickdraftConfig) -> None:
 def refusal_error(item: tuple) -> RequestError:
     """A replica's refusal (``replica.refusal``) as the RequestError it raised:
     with its field, which the HTTP API names as the parameter the client sent."""
-    _, code, detail, metadata, *where = item
-    field, at = where if where else (None, "")
+    _, code, detail, metadata, field, at = item
     return RequestError(code, detail, metadata, field=field, at=at)
 
 
@@ -492,10 +490,8 @@ class RoutedServicer(CompletionServicer):
             await context.abort(grpc.StatusCode[e.code], e.message)
 
     async def ReportOutcomes(self, request, context):
-        if isinstance(request, _BadRequest):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request could not be parsed: {request.error} (string fields must be valid UTF-8)")
-        md = dict(context.invocation_metadata() or ())
-        client = self.auth.client(md.get(AUTHORIZATION_KEY, ""), grpc_peer_host(context.peer()))
+        await abort_unparsed(request, context)
+        md, client = self.caller(context)
         try:
             return await self.service.report_outcomes(request, client, md)
         except RequestError as e:
@@ -511,10 +507,7 @@ class RoutedServicer(CompletionServicer):
 def front_end(cfg: QuickdraftConfig, service: RoutedService, auth: Auth) -> GrpcServer:
     """The single-process server's gRPC listener (auth, TLS, health,
     reflection) around ``service``, with ``RoutedServicer`` for its servicer."""
-    server = GrpcServer(cfg, service, auth, controller_state=lambda: None, pin=service.pin)  # type: ignore[arg-type]
-    # Replaced before start() registers it.
-    server.servicer = RoutedServicer(service, auth, pin=service.pin)  # type: ignore[arg-type]
-    return server
+    return GrpcServer(cfg, service, auth, servicer=RoutedServicer(service, auth, pin=service.pin))  # type: ignore[arg-type]
 
 
 def http_front_end(cfg: QuickdraftConfig, service: RoutedService, auth: Auth) -> HttpServer:

@@ -16,7 +16,7 @@ from quickdraft.server.admission import Client  # noqa: E402
 from quickdraft.server.config import load_config  # noqa: E402
 from quickdraft.server.errors import RequestError  # noqa: E402
 from quickdraft.server.replicas.ingress import RoutedService  # noqa: E402
-from quickdraft.server.replicas.replica import ERROR, MESSAGE  # noqa: E402
+from quickdraft.server.replicas.replica import MESSAGE, refusal  # noqa: E402
 from quickdraft.server.telemetry import Telemetry  # noqa: E402
 from quickdraft.v1 import completion_pb2 as pb  # noqa: E402
 
@@ -80,7 +80,7 @@ async def collect(svc, req=None, client=None):
 
 
 async def test_a_replica_gone_before_streaming_is_retried_elsewhere_and_the_session_is_sent():
-    svc, handle = service([FakeCall([ActorDiedError()]), FakeCall([(ERROR, "UNAVAILABLE", "restarting", {})]), FakeCall([TEXT, FINAL])])
+    svc, handle = service([FakeCall([ActorDiedError()]), FakeCall([refusal(RequestError("UNAVAILABLE", "restarting"))]), FakeCall([TEXT, FINAL])])
     out = await collect(svc)
     assert [m.text for m in out] == ["x", ""] and out[-1].final.completion_tokens == 1
     assert handle.sessions == ["alice/repo"] * 3 and svc.retried == 2
@@ -98,7 +98,7 @@ async def test_a_replica_gone_mid_stream_ends_unavailable_without_retry():
 
 
 async def test_refusals_pass_through_with_their_code_and_attempts_are_bounded():
-    svc, _ = service([FakeCall([(ERROR, "RESOURCE_EXHAUSTED", "full", {"retry-after-ms": "50"})])])
+    svc, _ = service([FakeCall([refusal(RequestError("RESOURCE_EXHAUSTED", "full", {"retry-after-ms": "50"}))])])
     with pytest.raises(RequestError) as err:
         await collect(svc)
     assert err.value.code == "RESOURCE_EXHAUSTED" and err.value.metadata == {"retry-after-ms": "50"}
