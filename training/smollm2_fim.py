@@ -194,7 +194,7 @@ def encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
 def mix(old: torch.Tensor, ctx: torch.Tensor, ctx_share: float, seed: int) -> torch.Tensor:
     """Rows of both kinds, ``ctx_share`` of them context samples: the larger kind is cut down,
     as a run sees less than one pass over either (the old mix's plain and repository samples
-    are what teach prefix-only prompts; outnumbered, they were unlearnt)."""
+    are what teach prefix-only prompts, and outnumbered they are lost)."""
     if len(ctx) == 0:
         return old
     n_old = min(len(old), int(len(ctx) * (1 - ctx_share) / ctx_share))
