@@ -26,6 +26,9 @@ from quickdraft.lsp_bridge.syntax import captures, matches
 from quickdraft.lsp_bridge.text import decode, encode
 from quickdraft.lsp_bridge.trimming import Anchor, prefix_window, suffix_window
 from quickdraft.lsp_bridge.workspace import OpenDocument, Workspace
+# The blank-line rule lives in the wire layer, shared with the server; named here
+# too, for completer.py, bench/ and training/, which import it from here.
+from quickdraft.prompt_format import from_line_start  # noqa: F401
 
 DEFAULT_BUDGET_TOKENS = 1536
 DEFAULT_CHARS_PER_TOKEN = 3.5
@@ -103,21 +106,6 @@ class _Stable:
 
     chunks: list[_Snippet] = field(default_factory=list)  # in prompt order
     anchor: Anchor | None = None
-
-
-def from_line_start(prefix: str, suffix: str) -> tuple[str, str] | None:
-    """The prompt for a cursor on a line of only whitespace, rewritten to start
-    that line afresh: the prefix ends where the line begins and the suffix starts
-    after it. In the embedded model's fill-in-the-middle training
-    (training/samples.py) whole-line middles start at a line start, and a middle
-    that starts after a blank line's indentation, with a line break right after
-    it, is always empty: asked there, the model answers nothing, at the very
-    place a user waits for a line. None when the cursor's line holds code."""
-    indent = prefix[prefix.rfind("\n") + 1 :]
-    rest_of_line, newline, after = suffix.partition("\n")
-    if indent.strip() or rest_of_line.strip():
-        return None
-    return prefix[: len(prefix) - len(indent)], after if newline else ""
 
 
 def _group(language: str) -> str:

@@ -100,6 +100,26 @@ def segments(ctx: CodeContext, prompt_format: str = FORMAT_NAME) -> list[Segment
     return [seg for seg in out if seg[0] or seg[1]]
 
 
+def from_line_start(prefix: str, suffix: str) -> tuple[str, str] | None:
+    """The prompt for a cursor on a line of only whitespace, rewritten to start
+    that line afresh: the prefix ends where the line begins and the suffix starts
+    after it. In the embedded model's fill-in-the-middle training
+    (training/samples.py) whole-line middles start at a line start, and a middle
+    that starts after a blank line's indentation, with a line break right after
+    it, is always empty: asked there, the model answers nothing, at the very
+    place a user waits for a line. None when the cursor's line holds code.
+
+    One rule for the LSP bridge (which asks so on its own) and the server
+    (which asks so for raw clients, server/preparation.py)."""
+    indent = prefix[prefix.rfind("\n") + 1 :]
+    if indent.strip():
+        return None
+    rest_of_line, newline, after = suffix.partition("\n")
+    if rest_of_line.strip():
+        return None
+    return prefix[: len(prefix) - len(indent)], after if newline else ""
+
+
 def render(ctx: CodeContext, prompt_format: str = FORMAT_NAME) -> str:
     """The prompt text, special tokens written as their strings."""
     return "".join(text for _, text in segments(ctx, prompt_format))

@@ -14,6 +14,7 @@ import uuid
 from array import array
 from dataclasses import dataclass, field
 
+from quickdraft.prompt_format import from_line_start
 from quickdraft.server.config import QuickdraftConfig
 from quickdraft.server.errors import invalid
 from quickdraft.server.prompt_fitting import cut_chars, fit_tokens
@@ -70,6 +71,10 @@ class PreparedRequest:
     prompt_sha: str
     # What was cut to fit the budget (CompleteFinal.prompt_fit).
     prompt_fit: pb.PromptFit = field(default_factory=pb.PromptFit)
+    # The blank line's indentation the client had typed before the cursor,
+    # moved out of the prompt (``blank_line_from_line_start``): the stream
+    # drops up to this much of the answer's leading whitespace (service.IndentStrip).
+    typed_indent: str = ""
 
     @property
     def prompt_tokens(self) -> int:
@@ -79,18 +84,20 @@ class PreparedRequest:
 def prepare(req: pb.CompleteRequest, cfg: QuickdraftConfig, tokens: PromptTokenizer) -> PreparedRequest:
     """Check, cut to max_prompt_chars, tokenize on this thread, cut to max_prompt_tokens."""
     check(req, cfg)
+    req, typed_indent = blank_line_from_line_start(req, cfg)
     req, fit = cut_chars(req, cfg, tokens)
     memo: dict[str, list[int]] = {}
     ids = tokenize(tokens, req, cfg.preset.prompt_format, memo)
     if len(ids) > cfg.max_prompt_tokens():
         req, ids = fit_tokens(tokens, req, cfg, ids, memo, fit)
-    return _prepared(req, cfg, ids, fit)
+    return _prepared(req, cfg, ids, fit, typed_indent)
 
 
 async def prepare_off_loop(req: pb.CompleteRequest, cfg: QuickdraftConfig, tokens: PromptTokenizer, pool: TokenizerPool, client: str) -> PreparedRequest:
     """``prepare`` for the serving path: checks and the cut by characters
     first, then a long prompt is tokenized on the pool, in ``client``'s turn."""
     check(req, cfg)
+    req, typed_indent = blank_line_from_line_start(req, cfg)
     req, fit = cut_chars(req, cfg, tokens)
     memo: dict[str, list[int]] = {}
     ids = await pool.run(client, prompt_chars(req), functools.partial(tokenize, tokens, req, cfg.preset.prompt_format, memo))
@@ -99,10 +106,40 @@ async def prepare_off_loop(req: pb.CompleteRequest, cfg: QuickdraftConfig, token
         # client's share) whatever the prompt's size.
         chars = max(prompt_chars(req), INLINE_CHARS)
         req, ids = await pool.run(client, chars, functools.partial(fit_tokens, tokens, req, cfg, ids, memo, fit))
-    return _prepared(req, cfg, ids, fit)
+    return _prepared(req, cfg, ids, fit, typed_indent)
 
 
-def _prepared(req: pb.CompleteRequest, cfg: QuickdraftConfig, ids: list[int], fit: pb.PromptFit) -> PreparedRequest:
+def blank_line_from_line_start(req: pb.CompleteRequest, cfg: QuickdraftConfig) -> tuple[pb.CompleteRequest, str]:
+    """``req`` asked from the start of its cursor's line when the cursor sits
+    in a blank line's indentation, with the indentation moved out; else
+    ``req`` itself and "".
+
+    The model's fill-in-the-middle training has whole-line middles start at a
+    line start (the LSP bridge asks so, lsp_bridge/completer.py): asked after
+    the indentation, it answers the line with its indentation again, and a
+    raw client inserting that after the typed spaces doubles them. Only FIM
+    prompts the server renders: a raw prompt is the client's own, and without
+    a suffix (or in the "plain" format, which sends the prefix alone) the
+    model continues the prefix, typed spaces included. A prompt already cut
+    at a line start (the bridge's) has no indentation to move: unchanged."""
+    prefix = req.prefix
+    if not prefix or prefix[-1] == "\n" or not prefix[-1].isspace():  # code, or a line start: the usual case
+        return req, ""
+    if not cfg.limits.blank_line_from_line_start or req.raw_prompt or not req.HasField("suffix"):
+        return req, ""
+    if cfg.preset.prompt_format == "plain":
+        return req, ""
+    moved = from_line_start(prefix, req.suffix)
+    if moved is None:
+        return req, ""
+    out = pb.CompleteRequest()
+    out.CopyFrom(req)
+    out.prefix, out.suffix = moved
+    return out, prefix[len(moved[0]) :]
+
+
+def _prepared(req: pb.CompleteRequest, cfg: QuickdraftConfig, ids: list[int], fit: pb.PromptFit,
+              typed_indent: str = "") -> PreparedRequest:
     if not ids:
         raise invalid("prefix", "the prompt tokenizes to nothing")
     request_id = req.request_id or uuid.uuid4().hex
@@ -129,4 +166,5 @@ def _prepared(req: pb.CompleteRequest, cfg: QuickdraftConfig, ids: list[int], fi
         prompt_chars=prompt_chars(req),
         prompt_sha=hashlib.sha256(array("i", ids).tobytes()).hexdigest()[:12],
         prompt_fit=fit,
+        typed_indent=typed_indent,
     )

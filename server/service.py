@@ -87,6 +87,29 @@ class Timing:
         return (self.last - self.first) / (self.tokens - 1)
 
 
+class IndentStrip:
+    """Drops the indentation a client typed (``PreparedRequest.typed_indent``)
+    from the start of a completion asked from its line's start: the spaces and
+    tabs leading the answer's first line, up to ``left`` of them. Deeper
+    indentation is kept; code or a line break ends the strip at once. A delta
+    of only such whitespace, which tokens may split, is swallowed whole (all
+    of it is within the typed width, so dropped anyway) and the rest of the
+    width carries to the next delta: no buffer, one counter per request."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, width: int) -> None:
+        self.left = width
+
+    def feed(self, text: str) -> str:
+        left, n, i = self.left, len(text), 0
+        while i < left and i < n and text[i] in " \t":
+            i += 1
+        # All of it was whitespace and the width is not used up: more may follow.
+        self.left = left - i if i == n else 0
+        return text[i:] if i else text
+
+
 def speculative_stats(metrics, spec: SpecConfig, switched_to: SpecConfig | None = None, switches: int = 0) -> pb.SpeculativeStats:
     """Per-request figures from vLLM's per-request histogram (accepted drafts
     per verify step). ``spec`` is the setting the request started with;
@@ -223,6 +246,9 @@ class CompletionService:
         if self.cfg.telemetry.log_source_code:
             attributes["quickdraft.prompt_token_ids"] = str(prepared.prompt_token_ids[:256])
         span = self.telemetry.tracer.start_span("gen_ai.text_completion", context=trace_context, attributes=attributes)
+        # Asked from a blank line's start (preparation.blank_line_from_line_start):
+        # the client already has the indentation the model writes again.
+        strip = IndentStrip(len(prepared.typed_indent)) if prepared.typed_indent else None
         try:
             try:
                 async for out in engine.generate(engine_id, prepared.prompt_token_ids, sampling):
@@ -236,8 +262,11 @@ class CompletionService:
                         if spec_metrics is None and window is not None:
                             spec_metrics = engine_window_metrics(window, engine.snapshot, timing.tokens)
                         finished = True
-                    if c.text:
-                        yield pb.CompleteResponse(text=c.text)
+                    text = c.text
+                    if text and strip is not None and strip.left:
+                        text = strip.feed(text)
+                    if text:
+                        yield pb.CompleteResponse(text=text)
             except RequestError:
                 raise
             except Exception as e:  # noqa: BLE001

@@ -47,6 +47,15 @@ class LimitsConfig:
     oversized prompts can cost everyone else's streams: 0.05 is 0.5 s of
     tokenizing per 10 s, some 150 prompts at the embedded model's largest
     (8,064 characters), 25 at the GPU preset's. 1.0: a whole thread."""
+    blank_line_from_line_start: bool = True
+    """A fill-in-the-middle request whose cursor sits in a blank line's
+    indentation (only whitespace before it on its line and after it) is asked
+    from that line's start, as the LSP bridge asks: the model writes the
+    whole line with its indentation, as in its training, and the server drops
+    the indentation the client already typed from the answer's start. False:
+    the prompt is cut at the cursor as sent (for a model trained otherwise).
+    Prompts already cut at a line start (the bridge's), raw prompts and the
+    "plain" prompt format are never changed."""
     max_health_watchers: int = 16
     """grpc.health.v1 Watch streams open at once (all callers together);
     more are RESOURCE_EXHAUSTED."""

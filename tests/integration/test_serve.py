@@ -64,6 +64,19 @@ def test_fim_request_completes(client):
     assert r.final.request_id
 
 
+def test_quickdraft_complete_in_a_blank_lines_indentation_does_not_double_it(server, tmp_path, capsys):
+    """The README's sample: the server asks from the line's start and drops the
+    typed indentation (limits.blank_line_from_line_start), so the answer goes
+    right after the 4 spaces."""
+    from quickdraft.cli import main
+
+    path = tmp_path / "fib.py"
+    path.write_text("def fibonacci(n):\n    ")
+    assert main(["complete", f"{path}:2:5", "--server", server.address, "--max-tokens", "16", "--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["text"]
+    assert text.strip() and not text[0].isspace(), repr(text)
+
+
 def test_repository_context_is_accepted(client):
     r = client.complete_text(
         prefix="from utils import area\n\nprint(",
