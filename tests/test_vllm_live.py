@@ -114,3 +114,113 @@ def test_runner_without_graphs_is_reported_unsupported():
         device = "cpu"
 
     assert "no CUDA graphs" in DecodeGraphs.unsupported(CpuRunner())
+
+
+# --- speculation off without the drafter's pass ----------------------------------------
+
+
+def test_skip_is_asked_only_for_off():
+    def skip(spec):
+        return vllm_live.live_request(spec, max_k=7, max_batch=8, parallel_capable=True,
+                                      skip_drafter_when_off=True).skip_drafter
+
+    assert skip(SpecConfig.off())
+    assert not skip(SpecConfig(True, 3)) and not skip(SpecConfig(False, 1))
+    # A schedule with K=0 at some batch sizes still drafts at others: its K=0 steps keep the pass.
+    assert not skip(SpecConfig.scheduled(False, [(1, 2, 5), (3, 8, 0)]))
+    assert not vllm_live.live_request(SpecConfig.off(), max_k=7, max_batch=8, parallel_capable=True).skip_drafter
+
+
+class FakeCommonAttnMetadata:
+    def __init__(self, batch: int):
+        self.batch = batch
+
+    def batch_size(self) -> int:
+        return self.batch
+
+
+class FakeProposer:
+    """The attributes of vLLM's EAGLE proposer that LiveDrafter reads and sets."""
+
+    method = "eagle3"
+    pass_hidden_states_to_model = True
+
+    def __init__(self):
+        self.parallel_drafting = True
+        self.extra_slots_per_request = 5
+        self.num_speculative_tokens = 5
+        self._last_draft_probs = "stale"
+        self.calls: list[int] = []
+
+    def propose(self, num_speculative_tokens, **kw):
+        import torch
+
+        self.calls.append(num_speculative_tokens)
+        return torch.zeros(kw["common_attn_metadata"].batch_size(), num_speculative_tokens, dtype=torch.int64)
+
+
+def _propose(proposer, k: int, batch: int = 3):
+    import torch
+
+    return proposer.propose(num_speculative_tokens=k, target_token_ids=torch.zeros(7, dtype=torch.int64),
+                            common_attn_metadata=FakeCommonAttnMetadata(batch))
+
+
+def test_drafter_pass_is_skipped_at_k0_only_when_told():
+    import torch
+
+    proposer = FakeProposer()
+    live = vllm_live.LiveDrafter.of(proposer)
+    _propose(proposer, 0)
+    assert proposer.calls == [0] and live.skipped == 0  # vLLM's own K=0: the first pass runs
+    live.skip_at_zero = True
+    out = _propose(proposer, 0, batch=4)
+    assert proposer.calls == [0], "the drafter ran although off skips it"
+    assert out.shape == (4, 0) and out.dtype == torch.int64 and live.skipped == 1
+    assert proposer._last_draft_probs is None and proposer.num_speculative_tokens == 0
+    # A step that drafts runs the drafter whatever the flag says.
+    assert _propose(proposer, 3).shape == (3, 3) and proposer.calls == [0, 3]
+
+
+def test_drafting_resumed_after_a_skipped_off_period_gets_a_new_cache_salt():
+    """Blocks computed while the drafter was skipped hold no drafter KV: requests
+    after drafting resumes carry a new prefix-cache salt, so they never reuse them."""
+    import asyncio
+
+    from quickdraft.server.config import QuickdraftConfig
+    from quickdraft.server.engine import Engine
+
+    told: list[tuple] = []
+
+    class FakeCore:
+        async def call_utility_async(self, *args):
+            told.append(args)
+            return {"skip_drafter": args[-1]}  # as on a release where the skip is tested
+
+    class FakeLLM:
+        engine_core = FakeCore()
+        errored = False
+
+        def generate(self, prompt, sampling, request_id):
+            return prompt  # what the engine would get
+
+    def salt(engine):
+        return engine.generate("r", [1, 2, 3], None).get("cache_salt")
+
+    async def go(skip: bool) -> list:
+        cfg = QuickdraftConfig()
+        cfg.speculation.skip_drafter_when_off = skip
+        cfg.model.drafter = cfg.drafter_path(True)  # one head for both modes
+        engine = Engine(cfg, SpecConfig(True, 5), live=True)
+        engine.llm = FakeLLM()
+        seen = []
+        for spec in (SpecConfig(True, 5), SpecConfig.off(), SpecConfig(False, 3), SpecConfig(True, 5),
+                     SpecConfig.off(), SpecConfig.off(), SpecConfig(True, 2)):
+            await engine.switch(spec)
+            seen.append((told[-1][-1], salt(engine)))
+        return seen
+
+    assert asyncio.run(go(True)) == [(False, None), (True, None), (False, "quickdraft-drafting-1"),
+                                     (False, "quickdraft-drafting-1"), (True, "quickdraft-drafting-1"),
+                                     (True, "quickdraft-drafting-1"), (False, "quickdraft-drafting-2")]
+    assert all(s == (False, None) for s in asyncio.run(go(False)))

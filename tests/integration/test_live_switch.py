@@ -169,6 +169,44 @@ def test_off_drafts_nothing(run, live_engine):
     assert after[0] == before[0] and after[1] == before[1]
 
 
+def test_off_skips_the_drafter_and_drafting_resumes_clean(run, live_engine):
+    """Off skips the drafter's pass (speculation.skip_drafter_when_off); when
+    drafting resumes, a prompt first prefilled while off drafts exactly as it
+    does from a clean prefill, because the new cache salt keeps the blocks
+    without drafter KV out of its prefix-cache hits."""
+    ids = prompts(live_engine, 3)[2]
+
+    async def state() -> dict:
+        return (await live_engine.llm.collective_rpc("quickdraft_drafting_state"))[0]
+
+    async def drafted(rid: str) -> tuple[list[int], tuple]:
+        before = _drafts(live_engine)
+        out = await generate(live_engine, ids, rid, 48)
+        await asyncio.sleep(0.3)
+        after = _drafts(live_engine)
+        return out, tuple(a - b for a, b in zip((after[0], after[1], after[3]), (before[0], before[1], before[3])))
+
+    async def go():
+        await live_engine.switch(SpecConfig.off())
+        off_state, epoch = await state(), live_engine.draft_epoch
+        out_off = await generate(live_engine, ids, "skip-off", 48)
+        skipped = (await state())["skipped_passes"] - off_state["skipped_passes"]
+        await live_engine.switch(SpecConfig(True, 5))
+        resumed = await drafted("skip-resumed")
+        await live_engine.switch(SpecConfig.off())
+        await live_engine.switch(SpecConfig(True, 5))
+        clean = await drafted("skip-clean")
+        return off_state, epoch, out_off, skipped, resumed, clean
+
+    off_state, epoch, out_off, skipped, resumed, clean = run(go())
+    assert off_state["skip_at_zero"] is True
+    assert skipped >= 48, f"only {skipped} drafter passes skipped over 48 tokens off"
+    assert live_engine.draft_epoch == epoch + 2
+    assert resumed[0] == clean[0] == out_off
+    assert resumed[1][0] > 0 and resumed[1][2] > 0, "no drafts accepted after drafting resumed"
+    assert resumed[1] == clean[1], f"drafts/tokens/accepted {resumed[1]} after the off period vs {clean[1]} from a clean prefill"
+
+
 def test_schedule_follows_the_batch(run, live_engine):
     """A K schedule changes K with the number of running streams (parallel
     drafting with a schedule crashed vLLM's CPU build before this module)."""
