@@ -129,7 +129,24 @@ def test_the_added_tokens_are_never_targets(tiny):
     keep = [i for i, t in enumerate(row[0, 1:].tolist()) if t not in adapter.added]
     assert len(keep) == 4
     want = torch.nn.functional.cross_entropy(logits[keep], row[0, 1:][keep])
-    torch.testing.assert_close(sf.lm_loss(model, row, ignore), want)
+    torch.testing.assert_close(sf.lm_loss(model, row, sf.LossTargets.of(tok, ignore)), want)
+
+
+def test_prompt_weight_counts_the_middles_and_plain_text():
+    """With prompt_weight 0 only a FIM sample's middle and its end, and text outside FIM samples,
+    are targets, also in a packed row that begins inside a prompt."""
+    P, S, M, E = 101, 102, 103, 0  # <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>, <|endoftext|>
+    targets = sf.LossTargets(torch.tensor([P, S, M]), fim_prefix=P, fim_middle=M, end=E, prompt_weight=0.0)
+    #          prompt tail | middle  | end | plain | prompt ------------- | middle
+    row = torch.tensor([[5, 6, M, 7, 8, E, 9, 9, P, 1, S, 2, M, 3, E]])
+    w = targets.weights(row)[0].tolist()
+    assert w == [0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1]
+    # A row with no marker is plain text; weight 1 is plain language modelling but the added tokens.
+    assert targets.weights(torch.tensor([[4, 5, 6]])).tolist() == [[1.0, 1.0, 1.0]]
+    every = sf.LossTargets(torch.tensor([P, S, M]), P, M, E, 1.0)
+    assert every.weights(row)[0].tolist() == [1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 0, 1, 1]
+    half = sf.LossTargets(torch.tensor([P, S, M]), P, M, E, 0.5).weights(row)[0].tolist()
+    assert half[:2] == [0.5, 0.5] and half[9] == 0.5 and half[3] == 1.0
 
 
 def test_fim_samples_with_an_empty_middle_are_dropped():

@@ -22,7 +22,9 @@ hole), half each, from the installed packages' permissive sources
 (training/corpus.py), the held-out distributions excluded and used for the
 held-out losses.
 
-Loss on every token but the added ones. Those only ever appear in prompts, so
+Loss on the middles, their end and the text outside FIM samples; a FIM
+prompt's own tokens weigh ``--prompt-loss-weight`` (0 by default,
+``LossTargets``), and the added tokens never count. Those only ever appear in prompts, so
 the model reads them and never writes them: with loss on them it learns where
 a prompt puts ``<|fim_suffix|>`` (after any prefix, at a line's end) and then,
 given a plain prompt such as ``def fibonacci(n):\n``, answers with it (a stop
@@ -40,6 +42,7 @@ import math
 import random
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -206,32 +209,78 @@ def mix(old: torch.Tensor, ctx: torch.Tensor, ctx_share: float, seed: int) -> to
 # --- training --------------------------------------------------------------------------
 
 
-def lm_loss(model: nn.Module, batch: torch.Tensor, ignore: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy over rows [B, T+1], targets in ``ignore`` (the added token ids) left out."""
+@dataclass(frozen=True)
+class LossTargets:
+    """Which next-token targets the loss counts, and how much.
+
+    A context sample is some 1,500 prompt tokens around a middle of a few
+    dozen: with every token counted, the middle is about 1% of the loss and
+    the model mostly relearns to continue code it already continues well,
+    while what it lacks (what belongs between a prefix and a suffix) goes
+    unlearnt. ``prompt_weight`` weighs the targets inside a FIM prompt
+    (from ``<|fim_prefix|>`` to ``<|fim_middle|>``); the middle, its
+    ``<|endoftext|>`` and text outside FIM samples (plain and repository
+    samples) weigh 1. The added tokens are never targets (see the module
+    docstring)."""
+
+    ignore: torch.Tensor
+    fim_prefix: int
+    fim_middle: int
+    end: int
+    prompt_weight: float = 1.0
+
+    @classmethod
+    def of(cls, tokenizer: Any, ignore: torch.Tensor, prompt_weight: float = 1.0) -> "LossTargets":
+        ids = tokenizer.convert_tokens_to_ids([FIM_PREFIX, FIM_MIDDLE, ENDOFTEXT])
+        return cls(ignore, int(ids[0]), int(ids[1]), int(ids[2]), prompt_weight)
+
+    def weights(self, targets: torch.Tensor) -> torch.Tensor:
+        """[B, T] weights of the targets [B, T]."""
+        b, t = targets.shape
+        idx = torch.arange(t, device=targets.device).expand(b, t)
+
+        def last(tok: int) -> torch.Tensor:
+            return torch.where(targets == tok, idx, -1).cummax(dim=1).values
+
+        def first(tok: int) -> torch.Tensor:
+            return torch.where(targets == tok, idx, t).min(dim=1).values
+
+        in_prompt = last(self.fim_prefix) > torch.maximum(last(self.fim_middle), last(self.end))
+        # A packed row can begin inside a prompt: before its first marker, that is
+        # the case exactly when the first marker is <|fim_middle|>.
+        fp, fm, fe = first(self.fim_prefix), first(self.fim_middle), first(self.end)
+        lead = (idx < torch.minimum(torch.minimum(fp, fm), fe).unsqueeze(1)) & (fm < torch.minimum(fp, fe)).unsqueeze(1)
+        w = torch.where(in_prompt | lead, self.prompt_weight, 1.0)
+        return w.masked_fill(torch.isin(targets, self.ignore), 0.0)
+
+
+def lm_loss(model: nn.Module, batch: torch.Tensor, targets: LossTargets) -> torch.Tensor:
+    """Weighted next-token cross-entropy over rows [B, T+1] (``LossTargets.weights``)."""
     logits = model(input_ids=batch[:, :-1]).logits
-    target = batch[:, 1:].masked_fill(torch.isin(batch[:, 1:], ignore), -100)
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+    target = batch[:, 1:]
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
+    w = targets.weights(target).reshape(-1)
+    return (ce * w).sum() / w.sum().clamp_min(1.0)
 
 
 @torch.no_grad()
-def eval_loss(model: nn.Module, data: torch.Tensor, ignore: torch.Tensor, batch_size: int) -> float:
+def eval_loss(model: nn.Module, data: torch.Tensor, targets: LossTargets, batch_size: int) -> float:
     model.eval()
     total, n = 0.0, 0
     for i in range(0, len(data), batch_size):
         rows = data[i : i + batch_size]
         with torch.autocast(device_type=data.device.type, dtype=torch.bfloat16, enabled=data.is_cuda):
-            total += lm_loss(model, rows, ignore).item() * len(rows)
+            total += lm_loss(model, rows, targets).item() * len(rows)
         n += len(rows)
     return total / max(1, n)
 
 
-def train(adapter: Adapter, data: torch.Tensor, *, seconds: float, max_steps: int | None, batch: int, lr: float,
-          log: Callable[[dict], None], seed: int) -> list[dict]:
+def train(adapter: Adapter, data: torch.Tensor, targets: LossTargets, *, seconds: float, max_steps: int | None, batch: int,
+          lr: float, log: Callable[[dict], None], seed: int) -> list[dict]:
     """AdamW on the adapter, cosine schedule over the wall-clock budget (or max_steps)."""
     from training.target import cosine_lr
 
     model = adapter.model
-    ignore = torch.tensor(adapter.added, device=data.device)
     g = torch.Generator().manual_seed(seed)
     groups = adapter.param_groups(lr)
     peaks = [grp["lr"] for grp in groups]
@@ -249,7 +298,7 @@ def train(adapter: Adapter, data: torch.Tensor, *, seconds: float, max_steps: in
             grp["lr"] = cosine_lr(frac, peak)
         rows = data[torch.randint(0, len(data), (batch,), generator=g).to(data.device)]
         with torch.autocast(device_type=data.device.type, dtype=torch.bfloat16, enabled=data.is_cuda):
-            loss = lm_loss(model, rows, ignore)
+            loss = lm_loss(model, rows, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -372,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     # backward's copies ran out of memory on an 80 GB H100.
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048, help="packed row length (the preset's window)")
+    ap.add_argument("--prompt-loss-weight", type=float, default=0.0,
+                    help="loss weight of targets inside FIM prompts (LossTargets); 1.0 counts every token alike")
     ap.add_argument("--budget-tokens", type=int, default=1536, help="the bridge's prompt budget when building context samples")
     ap.add_argument("--ctx-seconds", type=float, default=60, help="time for building context samples")
     ap.add_argument("--ctx-share", type=float, default=0.5)
@@ -453,10 +504,17 @@ def main(argv: list[str] | None = None) -> int:
     log({"data": summary["data"]})
 
     ignore = torch.tensor(adapter.added, device=dev)
-    summary["loss_targets"] = "every token but the added ones"
+    every = LossTargets.of(tok, ignore)
+    targets = replace(every, prompt_weight=args.prompt_loss_weight)
+    summary["loss_targets"] = f"every token but the added ones; FIM prompt tokens weigh {args.prompt_loss_weight}"
 
     def losses() -> dict[str, float]:
-        return {k: round(eval_loss(model, v, ignore, batch_size=8), 4) for k, v in held.items() if v is not None and len(v)}
+        # Every token (comparable with earlier runs), and the middles alone (what a completion is).
+        out = {k: round(eval_loss(model, v, every, batch_size=8), 4) for k, v in held.items() if v is not None and len(v)}
+        middles = replace(every, prompt_weight=0.0)
+        out |= {f"{k}_middles": round(eval_loss(model, v, middles, batch_size=8), 4)
+                for k, v in held.items() if k != "train_rows" and v is not None and len(v)}
+        return out
 
     summary["loss_before"] = losses()
     summary["answers_before"] = answers(model, tok, dev, 16 if args.smoke else 40)
@@ -464,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     save()
 
     # 3. train, export, check the merge, answer
-    hist = train(adapter, data, seconds=args.seconds, max_steps=args.max_steps, batch=args.batch, lr=args.lr if not args.smoke else 1e-2,
+    hist = train(adapter, data, targets, seconds=args.seconds, max_steps=args.max_steps, batch=args.batch, lr=args.lr if not args.smoke else 1e-2,
                  log=log, seed=args.seed + 7)
     summary["history"] = hist
     summary["steps"] = hist[-1]["step"] if hist else 0
