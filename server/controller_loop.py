@@ -278,7 +278,8 @@ class ControllerLoop:
         start = self._window
         self._window = _WindowStart(engine, engine.spec, time.monotonic(), time.perf_counter(), snap.running_seconds,
                                     snap.running, meter.decode_seconds, meter.decode_tokens, snap.busy_seconds,
-                                    snap.busy_steps, snap.drafts, tuple(snap.accepted_per_position))
+                                    snap.busy_steps, snap.drafts, tuple(snap.accepted_per_position),
+                                    snap.in_system_seconds, snap.running + snap.waiting)
         if start is None or start.engine is not engine or start.spec != engine.spec or self.engines.building:
             return
         seconds = self._window.monotonic - start.monotonic
@@ -290,13 +291,15 @@ class ControllerLoop:
             if tokens <= 0:
                 return
         running = (snap.running_seconds - start.running_seconds) / seconds
+        offered = (snap.in_system_seconds - start.in_system_seconds) / seconds
         first = tuple((cls, ttft) for cls, ttft, at in list(meter.first_tokens) if at >= start.perf)
         accepted = tuple(a - (start.accepted[i] if i < len(start.accepted) else 0)
                          for i, a in enumerate(snap.accepted_per_position))
         self.ctl.observe_window(Window(
             engine.spec.at(max(1.0, running)), seconds, meter.decode_seconds - start.decode_seconds, tokens, running,
             start.running, snap.running, first, busy_seconds=snap.busy_seconds - start.busy_seconds,
-            steps=snap.busy_steps - start.steps, drafts=snap.drafts - start.drafts, accepted_per_position=accepted), now=now)
+            steps=snap.busy_steps - start.steps, drafts=snap.drafts - start.drafts, accepted_per_position=accepted,
+            offered=offered, offered_start=start.in_system, offered_end=snap.running + snap.waiting), now=now)
 
     # --- outputs -----------------------------------------------------------------
 
@@ -327,3 +330,5 @@ class _WindowStart:
     steps: int
     drafts: int
     accepted: tuple[int, ...]
+    in_system_seconds: float = 0.0
+    in_system: int = 0

@@ -61,6 +61,12 @@ class EngineSnapshot:
     mean load is its increase over the window's length. The running count of
     a step spans the time since the previous step; an idle engine reports 0
     on its last step, so idle time adds nothing."""
+    in_system_seconds: float = 0.0
+    """Running plus waiting requests integrated over time, by the same rule:
+    the load offered. A closed loop of N streams (an editor user has one
+    request out at a time) holds it near N whatever the config serves, while
+    the running count alone drops when a config serves faster and its
+    requests spend more of their time queued for a prefill."""
     busy_seconds: float = 0.0
     """Time with requests running, by the same rule ..."""
     busy_steps: int = 0
@@ -87,6 +93,9 @@ def _stat_logger_factory(snapshot: EngineSnapshot):
             if snapshot.updated:
                 running = min(snapshot.running, scheduler_stats.num_running_reqs)
                 snapshot.running_seconds += running * (now - snapshot.updated)
+                waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+                in_system = min(snapshot.running + snapshot.waiting, scheduler_stats.num_running_reqs + waiting)
+                snapshot.in_system_seconds += in_system * (now - snapshot.updated)
                 if running:
                     snapshot.busy_seconds += now - snapshot.updated
                     snapshot.busy_steps += 1

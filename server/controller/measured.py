@@ -62,15 +62,31 @@ class Window:
     """Draft sequences verified (one per request per step) ..."""
     accepted_per_position: tuple[int, ...] = ()
     """... and how many were accepted at each draft position."""
+    offered: float = 0.0
+    """Mean requests in the engine, running or waiting (0: not counted) ..."""
+    offered_start: int = 0
+    offered_end: int = 0
+    """... and at the window's start and end."""
 
     @property
     def step_s(self) -> float | None:
         return self.busy_seconds / self.steps if self.steps > 0 and self.busy_seconds > 0 else None
 
+    @property
+    def load(self) -> float:
+        """The load the window ran at: the requests offered where counted, else
+        those running. Running alone depends on the config: under a closed loop
+        a faster config leaves more of each request's life queued for its
+        prefill, so it would be filed at a lower level than a slower config
+        serving the same streams."""
+        return self.offered if self.offered > 0 else self.running
+
     def stable(self, ratio: float) -> bool:
-        """Whether the load held still: running requests at the start, at the
-        end and on average within ``ratio`` of each other."""
-        vals = [max(1.0, float(v)) for v in (self.running_start, self.running_end, self.running)]
+        """Whether the load held still: requests (offered where counted, else
+        running) at the start, at the end and on average within ``ratio`` of each other."""
+        counts = (self.offered_start, self.offered_end, self.offered) if self.offered > 0 else \
+            (self.running_start, self.running_end, self.running)
+        vals = [max(1.0, float(v)) for v in counts]
         return max(vals) / min(vals) <= ratio
 
 
@@ -115,21 +131,21 @@ class Cell:
 
 
 class Measurements:
-    """Cells by (load level, config). A level is a band of running requests,
-    ``levels_per_doubling`` per doubling."""
+    """Cells by (load level, config). A level is a band of requests offered
+    (``Window.load``), ``levels_per_doubling`` per doubling."""
 
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings
         self.cells: dict[tuple[int, SpecConfig], Cell] = {}
 
-    def position(self, running: float) -> float:
-        return self.settings.measure.levels_per_doubling * math.log2(max(1.0, running))
+    def position(self, load: float) -> float:
+        return self.settings.measure.levels_per_doubling * math.log2(max(1.0, load))
 
-    def level(self, running: float, previous: int | None = None) -> int:
-        """The level of ``running`` requests; a load near the edge of the
+    def level(self, load: float, previous: int | None = None) -> int:
+        """The level of ``load`` requests; a load near the edge of the
         ``previous`` level's band stays in it (a closed loop of 8 streams can
         average 6.7 running, right on the edge between 5.7 and 8)."""
-        pos = self.position(running)
+        pos = self.position(load)
         if previous is not None and abs(pos - previous) < 0.75:
             return previous
         return round(pos)
@@ -138,7 +154,7 @@ class Measurements:
         return 2.0 ** (level / self.settings.measure.levels_per_doubling)
 
     def add(self, w: Window, now: float, previous: int | None = None) -> int:
-        lvl = self.level(w.running, previous)
+        lvl = self.level(w.load, previous)
         cell = self.cells.setdefault((lvl, w.config), Cell())
         cell.add(w, now, self.settings.measure.windows_kept, self.settings.slo.window)
         return lvl

@@ -100,6 +100,24 @@ def test_a_window_whose_load_moved_is_not_a_measurement():
     assert mp.level == mp.table.level(8.0) and mp.table.get(mp.level, P5).decode_tpot_s == 3.6 / 1000
 
 
+def test_the_same_streams_are_one_level_whatever_each_config_keeps_running():
+    """Under a closed loop of 8 streams a fast config leaves more of each
+    request's life queued for its prefill: it runs 5.7 on average where a
+    slow one runs 8. Keyed by running requests the two land on different
+    levels and are never compared; keyed by requests offered they share one."""
+    mp = MeasuredPolicy(ControllerSettings())
+    slow, fast = Window(ar(3), 1.0, 8.0, 1000, running=8.0, running_start=8, running_end=8, offered=8.0,
+                        offered_start=8, offered_end=8), \
+        Window(p(7), 1.0, 5.0, 1000, running=5.7, running_start=4, running_end=7, offered=7.9, offered_start=8, offered_end=8)
+    assert mp.table.level(slow.running) != mp.table.level(fast.running)
+    mp.observe(slow, now=1.0)
+    mp.observe(fast, now=2.0)
+    assert mp.discarded == 0, "the running count moved, the offered load did not"
+    assert {c for (_lvl, c) in mp.table.cells} == {ar(3), p(7)} and len({lvl for lvl, _c in mp.table.cells}) == 1
+    # Where the engine counts no waiting requests, the running ones are the load.
+    assert Window(P5, 1.0, 1.0, 10, running=3.0, running_start=3, running_end=3).load == 3.0
+
+
 def test_a_config_that_misses_the_ttft_slo_is_left_for_one_that_meets_it():
     settings = ControllerSettings(slo=SLOSettings(ttft_s={"inline": 0.3}, min_samples=4))
     mp = MeasuredPolicy(settings)
@@ -166,3 +184,29 @@ def test_settings_only_another_engine_can_run_stay_the_models_call():
         assert any(d.reason_code == "best" for d in trace.decisions[:first_other]), \
             "a rebuild was proposed before the live settings were measured"
     assert ctl.measuring
+
+
+def test_the_engine_integrates_running_and_offered_requests_over_its_steps(monkeypatch):
+    """The stat logger adds each step's counts over the time since the last
+    step (the lower of the two steps' counts, so an engine going idle adds
+    nothing): a window's mean load is the increase over its length."""
+    from types import SimpleNamespace
+
+    from quickdraft.server import engine as engine_mod
+
+    now = [100.0]
+    monkeypatch.setattr(engine_mod.time, "monotonic", lambda: now[0])
+    snapshot = engine_mod.EngineSnapshot()
+    logger = engine_mod._stat_logger_factory(snapshot)(vllm_config=None)
+
+    def step(running: int, waiting: int, dt: float) -> None:
+        now[0] += dt
+        logger.record(SimpleNamespace(num_running_reqs=running, num_waiting_reqs=waiting, num_skipped_waiting_reqs=0,
+                                      kv_cache_usage=0.1, spec_decoding_stats=None, prefix_cache_stats=None), None)
+
+    step(5, 3, 0.0)
+    step(5, 3, 1.0)  # 5 running and 8 offered for a second
+    step(6, 2, 1.0)  # one more admitted: still 8 offered
+    step(0, 0, 1.0)  # idle
+    assert snapshot.running_seconds == 5 + 5 + 0
+    assert snapshot.in_system_seconds == 8 + 8 + 0
