@@ -13,7 +13,8 @@
 #        (joins and checks the GGUF, dequantizes it as the installer does, checks the weights' pinned SHA-256,
 #         then the fine-tune: ~2 min of corpus, samples and encoding, TRAIN_S of training, ~30 s of checks;
 #         keep the sum under the 600 s a call may run. $OUT gets the delta, log and summary)
-# Back here: copy $OUT/delta/ to quickdraft/models/smollm2-135m-fim/, pin its SHA-256 and the built
+# Back here: copy $OUT/delta/ to quickdraft/models/smollm2-135m-fim/ (a delta over 15 MiB comes in pieces:
+# cat delta.safetensors.part-* > delta.safetensors), pin its SHA-256 and the built
 # weights' in server/model_cache.py MODELS (quickdraft model build smollm2-135m-fim --force prints it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +63,12 @@ from quickdraft.server import model_cache as m
 m.build("smollm2-135m-base", out=Path("/tmp/base"), gguf=Path("/tmp/smollm2.gguf"), progress=False)'
   python3 -m training.smollm2_fim --base /tmp/base --out /tmp/fim --results "$OUT" --seconds "${TRAIN_S:-360}" ${FIM_ARGS:-} \
       2>&1 | tee "$OUT/log.txt" | grep -v '%|' || true
+  # Files come back from $OUT only up to 16 MiB each: a larger delta (rank 32 is 19.7 MB) in pieces, joined here with
+  # cat delta.safetensors.part-* > delta.safetensors (its SHA-256 is in the log above).
+  d="$OUT/delta/delta.safetensors"
+  if [ "$(stat -c %s "$d")" -gt $((15 * 1048576)) ]; then
+    sha256sum "$d"; split -b 15M -d -a 1 "$d" "$d.part-" && rm "$d"
+  fi
   ls -la "$OUT" "$OUT/delta" ;;
 *)
   echo "usage: $0 pack|smoke|have|train" >&2; exit 2 ;;
