@@ -277,8 +277,8 @@ class ControllerLoop:
         meter, snap, m = self.service.meter, engine.snapshot, self.cfg.controller.measure
         start = self._window
         self._window = _WindowStart(engine, engine.spec, time.monotonic(), time.perf_counter(), snap.running_seconds,
-                                    snap.running, meter.decode_seconds, meter.decode_tokens, snap.busy_seconds,
-                                    snap.busy_steps, snap.drafts, tuple(snap.accepted_per_position),
+                                    snap.running, meter.decode_seconds, meter.decode_tokens, snap.decode_step_seconds,
+                                    snap.decode_steps, snap.drafts, tuple(snap.accepted_per_position),
                                     snap.in_system_seconds, snap.running + snap.waiting)
         if start is None or start.engine is not engine or start.spec != engine.spec or self.engines.building:
             return
@@ -297,8 +297,8 @@ class ControllerLoop:
                          for i, a in enumerate(snap.accepted_per_position))
         self.ctl.observe_window(Window(
             engine.spec.at(max(1.0, running)), seconds, meter.decode_seconds - start.decode_seconds, tokens, running,
-            start.running, snap.running, first, busy_seconds=snap.busy_seconds - start.busy_seconds,
-            steps=snap.busy_steps - start.steps, drafts=snap.drafts - start.drafts, accepted_per_position=accepted,
+            start.running, snap.running, first, busy_seconds=snap.decode_step_seconds - start.busy_seconds,
+            steps=snap.decode_steps - start.steps, drafts=snap.drafts - start.drafts, accepted_per_position=accepted,
             offered=offered, offered_start=start.in_system, offered_end=snap.running + snap.waiting), now=now)
 
     # --- outputs -----------------------------------------------------------------

@@ -67,10 +67,14 @@ class EngineSnapshot:
     request out at a time) holds it near N whatever the config serves, while
     the running count alone drops when a config serves faster and its
     requests spend more of their time queued for a prefill."""
-    busy_seconds: float = 0.0
-    """Time with requests running, by the same rule ..."""
-    busy_steps: int = 0
-    """... and the steps it took: their ratio is the mean step time."""
+    decode_step_seconds: float = 0.0
+    """Time in engine steps that ran requests and finished no prompt's
+    prefill, by the same rule ..."""
+    decode_steps: int = 0
+    """... and those steps: their ratio is the mean decode step time. Steps
+    that prefill are left out: at one stream a prompt's prefill can cost as
+    much as ten decode steps, and how many of them a window holds depends on
+    the requests it happened to serve, not on the config it ran."""
     prefix_cache_queries: int = 0
     """Prompt tokens the scheduler looked up in the prefix cache (vLLM's
     ``prefix_cache_stats.queries``, summed over steps) ..."""
@@ -96,9 +100,9 @@ def _stat_logger_factory(snapshot: EngineSnapshot):
                 waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
                 in_system = min(snapshot.running + snapshot.waiting, scheduler_stats.num_running_reqs + waiting)
                 snapshot.in_system_seconds += in_system * (now - snapshot.updated)
-                if running:
-                    snapshot.busy_seconds += now - snapshot.updated
-                    snapshot.busy_steps += 1
+                if running and iteration_stats is not None and iteration_stats.num_prompt_tokens == 0:
+                    snapshot.decode_step_seconds += now - snapshot.updated
+                    snapshot.decode_steps += 1
             snapshot.running = scheduler_stats.num_running_reqs
             snapshot.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
             snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage

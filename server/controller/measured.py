@@ -9,13 +9,16 @@ Likely winners are measured first and configs the measurements already rule
 out are skipped; then the config with the lowest measured TPOT that meets
 the TTFT SLOs serves.
 
-A config's TPOT at a level is its measured step time there over its
+A config's TPOT at a level is its measured decode step time there (steps
+that prefill left out: how many a window holds depends on the requests it
+served, not on its config) over its
 expected tokens per step, E[L], from acceptance pooled per drafting mode
 over every window (the engine's per-position counters). A window's own
 decode TPOT also moves with the acceptance of the code it happened to
 serve, which at one stream is one or two requests; step time does not, and
 pooled acceptance is the same for every config of a mode. Where the engine
-gives no step or draft counters, the window's decode TPOT is used.
+gives no step or draft counters, or under a load where nearly every step
+also prefills, the window's decode TPOT is used.
 
 What the measurements can rule out rests on one assumption: within a
 drafting mode, TPOT as a function of K (0 = no speculation, then the
@@ -55,9 +58,9 @@ class Window:
     first_tokens: tuple[tuple[str, float], ...] = ()
     """(latency class, TTFT seconds) of the requests whose first token came in the window."""
     busy_seconds: float = 0.0
-    """Time with requests running ..."""
+    """Time in decode-only engine steps (``EngineSnapshot.decode_step_seconds``) ..."""
     steps: int = 0
-    """... and the engine steps in it (0: not counted)."""
+    """... and those steps (0: not counted)."""
     drafts: int = 0
     """Draft sequences verified (one per request per step) ..."""
     accepted_per_position: tuple[int, ...] = ()
@@ -68,9 +71,13 @@ class Window:
     offered_end: int = 0
     """... and at the window's start and end."""
 
+    MIN_STEPS = 4
+    """Decode-only steps a window needs for its step time to count; under a
+    load where nearly every step also prefills, the window's decode TPOT is used."""
+
     @property
     def step_s(self) -> float | None:
-        return self.busy_seconds / self.steps if self.steps > 0 and self.busy_seconds > 0 else None
+        return self.busy_seconds / self.steps if self.steps >= self.MIN_STEPS and self.busy_seconds > 0 else None
 
     @property
     def load(self) -> float:

@@ -189,7 +189,8 @@ def test_settings_only_another_engine_can_run_stay_the_models_call():
 def test_the_engine_integrates_running_and_offered_requests_over_its_steps(monkeypatch):
     """The stat logger adds each step's counts over the time since the last
     step (the lower of the two steps' counts, so an engine going idle adds
-    nothing): a window's mean load is the increase over its length."""
+    nothing): a window's mean load is the increase over its length. Its step
+    time counts only the steps that prefilled no prompt."""
     from types import SimpleNamespace
 
     from quickdraft.server import engine as engine_mod
@@ -199,14 +200,18 @@ def test_the_engine_integrates_running_and_offered_requests_over_its_steps(monke
     snapshot = engine_mod.EngineSnapshot()
     logger = engine_mod._stat_logger_factory(snapshot)(vllm_config=None)
 
-    def step(running: int, waiting: int, dt: float) -> None:
+    def step(running: int, waiting: int, dt: float, prefilled: int = 0) -> None:
         now[0] += dt
         logger.record(SimpleNamespace(num_running_reqs=running, num_waiting_reqs=waiting, num_skipped_waiting_reqs=0,
-                                      kv_cache_usage=0.1, spec_decoding_stats=None, prefix_cache_stats=None), None)
+                                      kv_cache_usage=0.1, spec_decoding_stats=None, prefix_cache_stats=None),
+                      SimpleNamespace(num_prompt_tokens=prefilled))
 
     step(5, 3, 0.0)
     step(5, 3, 1.0)  # 5 running and 8 offered for a second
-    step(6, 2, 1.0)  # one more admitted: still 8 offered
+    step(6, 2, 1.0, prefilled=400)  # one more admitted (its prefill step): still 8 offered
+    step(6, 2, 0.5)
     step(0, 0, 1.0)  # idle
-    assert snapshot.running_seconds == 5 + 5 + 0
-    assert snapshot.in_system_seconds == 8 + 8 + 0
+    assert snapshot.running_seconds == 5 + 5 + 3 + 0
+    assert snapshot.in_system_seconds == 8 + 8 + 4 + 0
+    # Step time counts the decode-only steps: the prefill step is left out.
+    assert (snapshot.decode_step_seconds, snapshot.decode_steps) == (1.5, 2)
