@@ -297,8 +297,8 @@ class ControllerLoop:
                          for i, a in enumerate(snap.accepted_per_position))
         self.ctl.observe_window(Window(
             engine.spec.at(max(1.0, running)), seconds, meter.decode_seconds - start.decode_seconds, tokens, running,
-            start.running, snap.running, first, busy_seconds=snap.decode_step_seconds - start.busy_seconds,
-            steps=snap.decode_steps - start.steps, drafts=snap.drafts - start.drafts, accepted_per_position=accepted,
+            start.running, snap.running, first, busy_seconds=snap.decode_step_seconds - start.decode_step_seconds,
+            steps=snap.decode_steps - start.decode_steps, drafts=snap.drafts - start.drafts, accepted_per_position=accepted,
             offered=offered, offered_start=start.in_system, offered_end=snap.running + snap.waiting), now=now)
 
     # --- outputs -----------------------------------------------------------------
@@ -326,9 +326,9 @@ class _WindowStart:
     running: int
     decode_seconds: float
     decode_tokens: int
-    busy_seconds: float
-    steps: int
+    decode_step_seconds: float
+    decode_steps: int
     drafts: int
     accepted: tuple[int, ...]
-    in_system_seconds: float = 0.0
-    in_system: int = 0
+    in_system_seconds: float
+    in_system: int

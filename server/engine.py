@@ -94,17 +94,17 @@ def _stat_logger_factory(snapshot: EngineSnapshot):
             if scheduler_stats is None:
                 return
             now = time.monotonic()
+            waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
             if snapshot.updated:
                 running = min(snapshot.running, scheduler_stats.num_running_reqs)
                 snapshot.running_seconds += running * (now - snapshot.updated)
-                waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
                 in_system = min(snapshot.running + snapshot.waiting, scheduler_stats.num_running_reqs + waiting)
                 snapshot.in_system_seconds += in_system * (now - snapshot.updated)
                 if running and iteration_stats is not None and iteration_stats.num_prompt_tokens == 0:
                     snapshot.decode_step_seconds += now - snapshot.updated
                     snapshot.decode_steps += 1
             snapshot.running = scheduler_stats.num_running_reqs
-            snapshot.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+            snapshot.waiting = waiting
             snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage
             snapshot.steps += 1
             snapshot.updated = now
