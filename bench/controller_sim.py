@@ -423,7 +423,7 @@ class Harness:
         drafts = steps * load if cfg.enabled else 0
         tpot = step / (1.0 + sum(marginal))
         return Window(cfg, self.tick_s, decode_s, max(1, round(decode_s / tpot)), float(load), start_load, load, first,
-                      busy_seconds=self.tick_s, steps=steps, drafts=drafts,
+                      drafts=drafts,
                       accepted_per_position=tuple(round(drafts * m) for m in marginal))
 
     def _apply(self, now: float) -> None:

@@ -277,9 +277,8 @@ class ControllerLoop:
         meter, snap, m = self.service.meter, engine.snapshot, self.cfg.controller.measure
         start = self._window
         self._window = _WindowStart(engine, engine.spec, time.monotonic(), time.perf_counter(), snap.running_seconds,
-                                    snap.running, meter.decode_seconds, meter.decode_tokens, snap.decode_step_seconds,
-                                    snap.decode_steps, snap.drafts, tuple(snap.accepted_per_position),
-                                    snap.in_system_seconds, snap.running + snap.waiting)
+                                    snap.running, meter.decode_seconds, meter.decode_tokens, snap.drafts,
+                                    tuple(snap.accepted_per_position), snap.in_system_seconds, snap.running + snap.waiting)
         if start is None or start.engine is not engine or start.spec != engine.spec or self.engines.building:
             return
         seconds = self._window.monotonic - start.monotonic
@@ -297,8 +296,7 @@ class ControllerLoop:
                          for i, a in enumerate(snap.accepted_per_position))
         self.ctl.observe_window(Window(
             engine.spec.at(max(1.0, running)), seconds, meter.decode_seconds - start.decode_seconds, tokens, running,
-            start.running, snap.running, first, busy_seconds=snap.decode_step_seconds - start.decode_step_seconds,
-            steps=snap.decode_steps - start.decode_steps, drafts=snap.drafts - start.drafts, accepted_per_position=accepted,
+            start.running, snap.running, first, drafts=snap.drafts - start.drafts, accepted_per_position=accepted,
             offered=offered, offered_start=start.in_system, offered_end=snap.running + snap.waiting), now=now)
 
     # --- outputs -----------------------------------------------------------------
@@ -326,8 +324,6 @@ class _WindowStart:
     running: int
     decode_seconds: float
     decode_tokens: int
-    decode_step_seconds: float
-    decode_steps: int
     drafts: int
     accepted: tuple[int, ...]
     in_system_seconds: float

@@ -67,14 +67,6 @@ class EngineSnapshot:
     request out at a time) holds it near N whatever the config serves, while
     the running count alone drops when a config serves faster and its
     requests spend more of their time queued for a prefill."""
-    decode_step_seconds: float = 0.0
-    """Time in engine steps that ran requests and finished no prompt's
-    prefill, by the same rule ..."""
-    decode_steps: int = 0
-    """... and those steps: their ratio is the mean decode step time. Steps
-    that prefill are left out: at one stream a prompt's prefill can cost as
-    much as ten decode steps, and how many of them a window holds depends on
-    the requests it happened to serve, not on the config it ran."""
     prefix_cache_queries: int = 0
     """Prompt tokens the scheduler looked up in the prefix cache (vLLM's
     ``prefix_cache_stats.queries``, summed over steps) ..."""
@@ -100,9 +92,6 @@ def _stat_logger_factory(snapshot: EngineSnapshot):
                 snapshot.running_seconds += running * (now - snapshot.updated)
                 in_system = min(snapshot.running + snapshot.waiting, scheduler_stats.num_running_reqs + waiting)
                 snapshot.in_system_seconds += in_system * (now - snapshot.updated)
-                if running and iteration_stats is not None and iteration_stats.num_prompt_tokens == 0:
-                    snapshot.decode_step_seconds += now - snapshot.updated
-                    snapshot.decode_steps += 1
             snapshot.running = scheduler_stats.num_running_reqs
             snapshot.waiting = waiting
             snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage

@@ -9,16 +9,15 @@ Likely winners are measured first and configs the measurements already rule
 out are skipped; then the config with the lowest measured TPOT that meets
 the TTFT SLOs serves.
 
-A config's TPOT at a level is its measured decode step time there (steps
-that prefill left out: how many a window holds depends on the requests it
-served, not on its config) over its
-expected tokens per step, E[L], from acceptance pooled per drafting mode
-over every window (the engine's per-position counters). A window's own
-decode TPOT also moves with the acceptance of the code it happened to
-serve, which at one stream is one or two requests; step time does not, and
-pooled acceptance is the same for every config of a mode. Where the engine
-gives no step or draft counters, or under a load where nearly every step
-also prefills, the window's decode TPOT is used.
+A config's TPOT at a level is its windows' decode TPOT (time between a
+stream's outputs over the tokens they carried, every engine step included:
+at 8 streams most steps also prefill someone's prompt, and what that costs
+depends on the config), with the acceptance luck taken out: the windows'
+own mean tokens per step, L, over E[L] from acceptance pooled per drafting
+mode over every window (the engine's per-position counters). At one stream
+a window serves one or two requests, whose code sets L; the step time under
+it is the config's. Where the engine gives no draft counters, the decode
+TPOT is used as it is.
 
 What the measurements can rule out rests on one assumption: within a
 drafting mode, TPOT as a function of K (0 = no speculation, then the
@@ -57,10 +56,6 @@ class Window:
     running_end: int
     first_tokens: tuple[tuple[str, float], ...] = ()
     """(latency class, TTFT seconds) of the requests whose first token came in the window."""
-    busy_seconds: float = 0.0
-    """Time in decode-only engine steps (``EngineSnapshot.decode_step_seconds``) ..."""
-    steps: int = 0
-    """... and those steps (0: not counted)."""
     drafts: int = 0
     """Draft sequences verified (one per request per step) ..."""
     accepted_per_position: tuple[int, ...] = ()
@@ -71,13 +66,10 @@ class Window:
     offered_end: int = 0
     """... and at the window's start and end."""
 
-    MIN_STEPS = 4
-    """Decode-only steps a window needs for its step time to count; under a
-    load where nearly every step also prefills, the window's decode TPOT is used."""
-
     @property
-    def step_s(self) -> float | None:
-        return self.busy_seconds / self.steps if self.steps >= self.MIN_STEPS and self.busy_seconds > 0 else None
+    def accepted(self) -> int:
+        """Draft tokens accepted over the window."""
+        return sum(self.accepted_per_position)
 
     @property
     def load(self) -> float:
@@ -102,14 +94,12 @@ class Cell:
     """Measurements of one config at one load level."""
 
     windows: deque = field(default_factory=deque)
-    """(time, decode seconds, decode tokens, busy seconds, steps), newest last."""
+    """(time, decode seconds, decode tokens, drafts, accepted), newest last."""
     ttft: dict[str, deque] = field(default_factory=dict)
     """Recent TTFTs per latency class."""
 
     def add(self, w: Window, now: float, keep: int, ttft_keep: int) -> None:
-        counted = w.step_s is not None
-        self.windows.append((now, w.decode_seconds, w.decode_tokens, w.busy_seconds if counted else 0.0,
-                             w.steps if counted else 0))
+        self.windows.append((now, w.decode_seconds, w.decode_tokens, w.drafts, w.accepted))
         while len(self.windows) > keep:
             self.windows.popleft()
         for cls, t in w.first_tokens:
@@ -121,10 +111,11 @@ class Cell:
         return sum(w[1] for w in self.windows) / max(1, sum(w[2] for w in self.windows))
 
     @property
-    def step_s(self) -> float | None:
-        """Mean step time over the windows (None where the engine did not count steps)."""
-        steps = sum(w[4] for w in self.windows)
-        return sum(w[3] for w in self.windows) / steps if steps else None
+    def tokens_per_step(self) -> float | None:
+        """Mean tokens a request got per step over the windows whose drafts
+        were counted (None: none were)."""
+        drafts = sum(w[3] for w in self.windows)
+        return 1.0 + sum(w[4] for w in self.windows) / drafts if drafts else None
 
     @property
     def measured_at(self) -> float:
@@ -195,7 +186,7 @@ class Measurements:
         old = now - self.settings.measure.stale_s - 1.0
         for it in items:
             tokens = max(1, int(it["tokens"]))
-            cell = Cell(deque([(old, float(it["tpot_s"]) * tokens, tokens, 0.0, 0)]))
+            cell = Cell(deque([(old, float(it["tpot_s"]) * tokens, tokens, 0, 0)]))
             self.cells[(int(it["level"]), SpecConfig.from_dict(it["config"]))] = cell
 
 
@@ -293,10 +284,10 @@ class MeasuredPolicy:
         self.level = self._last_level = self.table.add(w, now, self._last_level)
 
     def tpot(self, config: SpecConfig, cell: Cell) -> float:
-        """Step time over E[L] where both are known, else the windows' decode TPOT."""
-        step = cell.step_s
-        length = self.acceptance.expected_length(config) if step is not None else None
-        return step / length if step is not None and length else cell.decode_tpot_s
+        """The windows' decode TPOT at pooled rather than their own acceptance."""
+        own = cell.tokens_per_step if config.enabled else None
+        pooled = self.acceptance.expected_length(config) if own is not None else None
+        return cell.decode_tpot_s * own / pooled if own is not None and pooled else cell.decode_tpot_s
 
     def slo_excess(self, cell: Cell | None) -> float:
         """Measured TTFT quantile over its limit, the worst class (0: unknown)."""

@@ -100,6 +100,34 @@ def test_a_window_whose_load_moved_is_not_a_measurement():
     assert mp.level == mp.table.level(8.0) and mp.table.get(mp.level, P5).decode_tpot_s == 3.6 / 1000
 
 
+def test_a_windows_tpot_counts_every_step_and_leaves_out_its_acceptance_luck():
+    """A config is scored by its windows' decode TPOT, which holds the steps
+    that also prefilled (at 8 streams, most of them), scaled from the
+    window's own tokens per step to the pooled E[L] of its drafting mode."""
+    mp = MeasuredPolicy(ControllerSettings())
+
+    def window(cfg: SpecConfig, decode_s: float, tokens: int, drafts: int, accepted: tuple[int, ...]) -> Window:
+        return Window(cfg, 1.0, decode_s, tokens, running=1.0, running_start=1, running_end=1,
+                      drafts=drafts, accepted_per_position=accepted)
+
+    # Parallel drafting accepts 80% then 50% at positions 1 and 2: E[L] = 1 + 0.8 + 0.4 = 2.2.
+    mp.observe(window(p(2), 2.2, 1000, 400, (320, 160)), now=1.0)
+    cell = mp.table.get(mp.level, p(2))
+    assert abs(mp.tpot(p(2), cell) - 2.2e-3) < 1e-9
+    # A lucky window of another K: its code gave 4 tokens a step, so its 1.5 ms decode
+    # TPOT came at 6 ms the step; the pool (which it joins) expects fewer tokens.
+    mp.observe(window(p(3), 1.5, 1000, 100, (100, 100, 100)), now=2.0)
+    pooled = mp.acceptance.expected_length(p(3))
+    assert 2.2 < pooled < 4.0
+    tpot = mp.tpot(p(3), mp.table.get(mp.level, p(3)))
+    assert abs(tpot - 1.5e-3 * 4.0 / pooled) < 1e-9 and tpot > 1.5e-3
+    # No speculation has no luck to take out; a window without draft counters stays as measured.
+    mp.observe(window(OFF, 4.0, 1000, 0, ()), now=3.0)
+    assert mp.tpot(OFF, mp.table.get(mp.level, OFF)) == 4.0e-3
+    mp.observe(window(ar(3), 3.0, 1000, 0, ()), now=4.0)
+    assert mp.tpot(ar(3), mp.table.get(mp.level, ar(3))) == 3.0e-3
+
+
 def test_the_same_streams_are_one_level_whatever_each_config_keeps_running():
     """Under a closed loop of 8 streams a fast config leaves more of each
     request's life queued for its prefill: it runs 5.7 on average where a
@@ -189,8 +217,7 @@ def test_settings_only_another_engine_can_run_stay_the_models_call():
 def test_the_engine_integrates_running_and_offered_requests_over_its_steps(monkeypatch):
     """The stat logger adds each step's counts over the time since the last
     step (the lower of the two steps' counts, so an engine going idle adds
-    nothing): a window's mean load is the increase over its length. Its step
-    time counts only the steps that prefilled no prompt."""
+    nothing): a window's mean load is the increase over its length."""
     from types import SimpleNamespace
 
     from quickdraft.server import engine as engine_mod
@@ -213,5 +240,3 @@ def test_the_engine_integrates_running_and_offered_requests_over_its_steps(monke
     step(0, 0, 1.0)  # idle
     assert snapshot.running_seconds == 5 + 5 + 3 + 0
     assert snapshot.in_system_seconds == 8 + 8 + 4 + 0
-    # Step time counts the decode-only steps: the prefill step is left out.
-    assert (snapshot.decode_step_seconds, snapshot.decode_steps) == (1.5, 2)
