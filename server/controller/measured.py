@@ -20,9 +20,13 @@ it is the config's. Where the engine gives no draft counters, the decode
 TPOT is used as it is.
 
 What the measurements can rule out rests on one assumption: within a
-drafting mode, TPOT as a function of K (0 = no speculation, then the
-candidate Ks) has a single minimum. A K on the far side of a worse measured
-K, seen from the mode's best measured K, is then worse still.
+drafting mode, TPOT as a function of K (K >= 1) has a single minimum. A K on
+the far side of a worse measured K, seen from the mode's best measured K, is
+then worse still. No speculation is not K=0 of those curves: it skips the
+drafter altogether, so going from it to K=1 adds the drafter's fixed cost
+(one pass, or one per draft token) at a step, and the curve can fall from
+K=1 on and still have its minimum at no speculation, as at 8 streams on a
+2-core CPU. It is always measured, and its measurement rules nothing out.
 """
 
 from __future__ import annotations
@@ -234,23 +238,17 @@ class AcceptancePool:
         self.__init__(self.decay)
 
 
-def _k(config: SpecConfig) -> int:
-    return config.k if config.enabled else 0
-
-
 def ruled_out(config: SpecConfig, measured: dict[SpecConfig, float]) -> bool:
-    """Whether single-minimum TPOT curves over K make ``config`` slower than a
-    measured config (no speculation is K=0 of both modes' curves)."""
-    modes = (False, True) if not config.enabled else (config.parallel,)
-    for parallel in modes:
-        curve = {_k(c): t for c, t in measured.items() if not c.enabled or c.parallel == parallel}
-        if len(curve) < 2:
-            continue
-        k_best = min(curve, key=curve.__getitem__)
-        lo, hi = sorted((_k(config), k_best))
-        if any(lo < k < hi and t > curve[k_best] for k, t in curve.items()):
-            return True
-    return False
+    """Whether a single-minimum TPOT curve over K within ``config``'s drafting
+    mode makes it slower than a measured config of that mode."""
+    if not config.enabled:
+        return False
+    curve = {c.k: t for c, t in measured.items() if c.enabled and c.parallel == config.parallel}
+    if len(curve) < 2:
+        return False
+    k_best = min(curve, key=curve.__getitem__)
+    lo, hi = sorted((config.k, k_best))
+    return any(lo < k < hi and t > curve[k_best] for k, t in curve.items())
 
 
 class MeasuredPolicy:
@@ -370,7 +368,8 @@ class MeasuredPolicy:
                 continue
             best = min(self.tpot(c2, x) for (l2, c2), x in self.table.cells.items() if l2 == lvl and x.windows)
             return (0.0, self.tpot(c, cell) / best)
-        return (1.0, abs(_k(c) - _k(active)) + (0.5 if c.parallel != active.parallel else 0.0))
+        k = (c.k if c.enabled else 0), (active.k if active.enabled else 0)
+        return (1.0, abs(k[0] - k[1]) + (0.5 if c.parallel != active.parallel else 0.0))
 
     def active_plan(self, now: float) -> Plan | None:
         """The serving config's plan from its measurement at the current level."""

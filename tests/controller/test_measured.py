@@ -54,10 +54,32 @@ def settled_regret(trace: HarnessTrace, phase: int, after_s: float = 10.0) -> fl
 def test_a_single_minimum_over_k_rules_out_what_lies_beyond_a_worse_k():
     measured = {p(3): 4.0, p(5): 3.0, p(7): 3.5}
     assert ruled_out(p(1), measured), "K=1 lies beyond K=3, which is slower than the best K=5"
-    assert ruled_out(OFF, measured), "no speculation is K=0 of the parallel curve"
+    assert not ruled_out(OFF, measured), "no speculation skips the drafter: it is on no K curve"
+    assert not ruled_out(p(5), {OFF: 2.0, p(1): 4.0, p(7): 3.0}), \
+        "a fast no-speculation says nothing about where the parallel curve's minimum lies"
     assert not ruled_out(ar(3), measured), "another mode's curve says nothing"
     assert not ruled_out(p(1), {p(5): 3.0, p(7): 3.5}), "nothing measured between K=1 and the best"
     assert not ruled_out(p(7), {p(5): 3.0, p(3): 4.0}), "K=7 is on the other side of the best"
+
+
+def test_no_speculation_is_measured_even_where_the_parallel_curve_falls_towards_its_best_k():
+    """At 8 streams on 2 cores (a CPU phases run): no speculation 11.9 ms, and
+    the parallel curve falls from K=1 to K=3 and rises to K=5. No speculation
+    skips the drafter, so that curve says nothing about it: it is measured and serves."""
+    true_ms = {OFF: 11.9, p(1): 14.2, p(3): 12.9, p(5): 13.8, p(7): 13.1}
+    mp = MeasuredPolicy(ControllerSettings())
+    banned = lambda c: c not in true_ms  # noqa: E731
+    config, now, probed = p(5), 0.0, []
+    for _ in range(20):
+        now += 1.0
+        mp.observe(Window(config, 1.0, true_ms[config], 1000, running=8.0, running_start=8, running_end=8), now=now)
+        d = mp.judge(now, banned)
+        if d.action == "hold":
+            break
+        config = d.plan.engine
+        probed.append(config)
+    assert OFF in probed, [c.label() for c in probed]
+    assert d.code == "best" and mp.active == OFF, d.reason
 
 
 def test_a_cold_controller_reaches_the_best_config_within_seconds_of_every_load_change():
