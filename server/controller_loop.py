@@ -283,7 +283,7 @@ class ControllerLoop:
             return
         seconds = self._window.monotonic - start.monotonic
         tokens = meter.decode_tokens - start.decode_tokens
-        if seconds < m.window_s or tokens < m.min_tokens:
+        if seconds < m.window_s or tokens < m.min_tokens * max(1, start.in_system):
             if seconds < 10 * m.window_s:
                 self._window = start  # keep it open
                 return

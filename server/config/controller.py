@@ -320,8 +320,11 @@ class MeasureSettings:
     """A measurement window lasts at least this long (the server's
     controller loop ticks this often while measuring) ..."""
     min_tokens: int = 128
-    """... and until the streams decoded this many tokens (a quiet window is
-    extended, to ten times ``window_s`` at most)."""
+    """... and until the streams decoded this many tokens per request in the
+    engine at the window's start (a quiet window is extended, to ten times
+    ``window_s`` at most). Per request: with many streams most steps also
+    prefill someone's prompt, and a window must hold enough arrivals for
+    their share of its time to be typical."""
     windows_kept: int = 4
     """Windows kept per (load level, config); its TPOT is their token-weighted mean."""
     levels_per_doubling: int = 2
@@ -341,7 +344,7 @@ class MeasureSettings:
     (refreshed) before it can be chosen ..."""
     refresh_within: float = 0.15
     """... while one measured slower than that is left alone for four times
-    ``stale_s`` (or until the acceptance shifts, which clears every measurement)."""
+    ``stale_s``."""
 
     def validate(self) -> None:
         validation.check_measure(self)

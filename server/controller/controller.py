@@ -280,8 +280,9 @@ class Controller:
         other = PARALLEL if mode == AUTOREGRESSIVE else AUTOREGRESSIVE
         acceptance.forget(keep.shift_keep, modes=(mode,))
         acceptance.forget(keep.shift_keep_other, modes=(other,))
-        self.measured.table.clear()
-        self.measured.acceptance.clear()
+        # The measured TPOTs stay: each is scored at the pooled acceptance,
+        # which the windows after the shift now set.
+        self.measured.acceptance.forget(keep.shift_keep)
         self.estimator.invalidate()
         self.policy.streak.reset(now)
         self.events.add(now, "acceptance_shift",

@@ -234,6 +234,12 @@ class AcceptancePool:
             total += prod
         return total
 
+    def forget(self, keep: float) -> None:
+        """Scale every count by ``keep``: after an acceptance shift, the
+        windows that follow set E[L] within a few windows."""
+        for counts in (*self.succ.values(), *self.trials.values()):
+            counts[:] = [v * keep for v in counts]
+
     def clear(self) -> None:
         self.__init__(self.decay)
 

@@ -150,6 +150,29 @@ def test_a_windows_tpot_counts_every_step_and_leaves_out_its_acceptance_luck():
     assert mp.tpot(ar(3), mp.table.get(mp.level, ar(3))) == 3.0e-3
 
 
+def test_an_acceptance_shift_keeps_the_measurements_and_rescores_them_at_the_new_acceptance():
+    """The drafters suddenly guess half as well: the best config moves to a
+    smaller K. The measured TPOTs stay (each window's own acceptance is taken
+    out) and the pooled acceptance follows the windows after the shift, so the
+    controller gets there without measuring every config again."""
+    worse = SimAcceptance().scaled(0.5)
+    best_after = SimulatedEngine(CPU_COST, worse).best_static(ControllerSettings().candidates, 1)
+    for seed in range(3):
+        clock = FakeClock()
+        ctl = Controller(ControllerSettings(initial=P5), clock=clock)
+        ctl.activate(P5)
+        ctl.set_warm([], live=lambda s: True)
+        eng = SimulatedEngine(CPU_COST, SimAcceptance(), seed=seed)
+        trace = Harness(ctl, eng, clock, tick_s=0.5, rebuild_s=0, window_noise=0.04, seed=seed).run(
+            [Phase(1, 30), Phase(1, 60, acceptance=worse)])
+        shift_at = min(e.at for e in ctl.state().events if e.kind == "acceptance_shift")
+        probes_after = [d for d in trace.actions("explore") if d.timestamp > shift_at]
+        assert trace.ticks[-1].config == best_after, (seed, trace.ticks[-1].config.label())
+        assert settled_regret(trace, 1, after_s=20.0) <= 0.01, seed
+        assert len(probes_after) <= len(ctl.settings.candidates) // 2, \
+            f"seed {seed}: {len(probes_after)} probes after the shift, as if measuring afresh"
+
+
 def test_the_same_streams_are_one_level_whatever_each_config_keeps_running():
     """Under a closed loop of 8 streams a fast config leaves more of each
     request's life queued for its prefill: it runs 5.7 on average where a
