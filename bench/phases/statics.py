@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -16,10 +17,12 @@ FIGURE_KEYS = ("mode", "concurrency", "wall_s", "requests", "completed", "cancel
 def load_statics(path: Path, spec: PhasesSpec, wspec: WorkloadSpec | None = None) -> tuple[list[dict], list[str]]:
     """Static configs' runs from an earlier phases.json, or from a sweep.json
     (its closed-loop level at each phase's concurrency; figures only, the same
-    for the whole phase and its settled part). (runs, notes)."""
+    for the whole phase and its settled part), either gzipped as the results
+    archive keeps them. (runs, notes)."""
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        raw = Path(path).read_bytes()
+        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, EOFError, gzip.BadGzipFile, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"--statics-from {path}: cannot read it ({e})") from None
     notes = []
     date = doc.get("date", "?")

@@ -6,6 +6,7 @@ real in-process servers (gRPC, controller loop) on fake engines."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import time
 from dataclasses import replace
@@ -341,6 +342,13 @@ def test_statics_from_a_phases_run_and_their_checks(tmp_path):
     assert [r["label"] for r in runs] == ["off", "p5", "ar3"] and runs[0]["source"] == f"{path} (d)"
     assert reqs_of(runs[0]) is not None
     assert any("phase_seconds 90.0 there, 60.0 here" in n for n in notes)
+    gz = tmp_path / "phases.json.gz"  # as the results archive keeps them
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert [r["label"] for r in load_statics(gz, PhasesSpec(), WorkloadSpec(cancel_share=0.0, chat_share=0.0))[0]] == \
+        ["off", "p5", "ar3"]
+    gz.write_bytes(gzip.compress(path.read_bytes())[:40])
+    with pytest.raises(ValueError, match="cannot read it"):
+        load_statics(gz, PhasesSpec())
     with pytest.raises(ValueError, match="phases are"):
         load_statics(path, PhasesSpec(concurrency=[1, 4, 1]))
     (tmp_path / "other.json").write_text("{}")
