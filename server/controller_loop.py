@@ -113,6 +113,7 @@ class ControllerLoop:
         """An operator's pin (server/pinning.py): no decisions, no learning, while set."""
         self.skipped_while_pinned = 0
         self._window: _WindowStart | None = None
+        self._draft_epoch = 0
         service.observers.callbacks.append(self.on_request)
 
     def start_spec(self) -> SpecConfig:
@@ -280,6 +281,13 @@ class ControllerLoop:
                                     snap.running, meter.decode_seconds, meter.decode_tokens, snap.drafts,
                                     tuple(snap.accepted_per_position), snap.in_system_seconds, snap.running + snap.waiting)
         if start is None or start.engine is not engine or start.spec != engine.spec or self.engines.building:
+            return
+        epoch = getattr(engine, "draft_epoch", 0)
+        if epoch != self._draft_epoch:
+            # Drafting resumed after an off that skipped the drafter: the requests then in flight
+            # draft from holes in the drafter's KV, so this window's acceptance and step time are
+            # not the config's. Drop it; the next one starts with them mostly gone.
+            self._draft_epoch = epoch
             return
         seconds = self._window.monotonic - start.monotonic
         tokens = meter.decode_tokens - start.decode_tokens

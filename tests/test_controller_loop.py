@@ -383,12 +383,48 @@ def test_observations_are_recorded_for_replay_when_asked(tmp_path):
     assert seen[0].config.enabled and seen[0].num_drafts > 0  # the speculative counters survive the round trip
 
 
+def test_a_window_holds_min_tokens_per_request_and_none_spans_the_drafters_return(tmp_path):
+    """With 8 requests in the engine a window waits for 8 x min_tokens; the
+    window in which drafting resumes after an off that skipped the drafter
+    (the engine's draft_epoch moved) is dropped, the next one counts."""
+    async def run():
+        cfg, manager, service, loop, made = make(tmp_path, **{"controller.measure.window_s": "0.05",
+                                                              "controller.measure.min_tokens": "100"})
+        await manager.start(SpecConfig(True, 5))
+        loop._task = None
+        engine, mp = made[0], loop.ctl.measured
+        engine.snapshot.running = 8
+
+        async def serve(tokens: int) -> None:
+            service.meter.decode_seconds += tokens * 0.002
+            service.meter.decode_tokens += tokens
+            engine.snapshot.running_seconds += 8 * 0.06
+            await asyncio.sleep(0.06)
+            loop._close_window(engine, time.time())
+
+        loop._close_window(engine, time.time())  # opens the first window
+        await serve(500)
+        assert mp.windows == 0, "500 tokens over 8 requests is not a window at 100 per request"
+        await serve(500)
+        assert mp.windows == 1
+        engine.draft_epoch = getattr(engine, "draft_epoch", 0) + 1  # drafting resumed after a skipped off
+        await serve(1000)
+        assert mp.windows == 1, "the window that holds the drafter's return was counted"
+        await serve(1000)
+        assert mp.windows == 2
+        await manager.stop()
+
+    asyncio.run(run())
+
+
 def test_a_live_engine_is_measured_in_windows_and_a_probe_is_a_live_switch(tmp_path):
     """The loop hands the controller what was served since the last tick:
     decode time over decode tokens from the serving path, the time-weighted
     running requests from the engine; the controller then probes another K live."""
     async def run():
-        cfg, manager, service, loop, made = make(tmp_path, **{"controller.measure.window_s": "0.2"})
+        # 100 tokens per request in the engine: the window below holds 8 requests and 1,000 tokens.
+        cfg, manager, service, loop, made = make(tmp_path, **{"controller.measure.window_s": "0.2",
+                                                              "controller.measure.min_tokens": "100"})
         await manager.start(SpecConfig(True, 5))
         loop._task = None
         engine = made[0]

@@ -366,7 +366,12 @@ class MeasuredPolicy:
     def _probe_order(self, c: SpecConfig, level: int, active: SpecConfig) -> tuple[float, float]:
         """Likely winners first: by the config's TPOT relative to the best at
         the nearest level where both were measured (stale values count here),
-        else by distance in K from the serving config."""
+        else by distance in K from the serving config. No speculation comes
+        last: where it skips the drafter's pass, the requests in flight when
+        drafting resumes draft from holes in the drafter's KV, which costs
+        every stream a slow window; measured last, it is left at most once."""
+        if not c.enabled:
+            return (2.0, 0.0)
         near = sorted({lvl for (lvl, _c) in self.table.cells}, key=lambda lvl: abs(lvl - level))
         for lvl in near:
             cell = self.table.get(lvl, c)
