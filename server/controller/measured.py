@@ -175,9 +175,6 @@ class Measurements:
         return {c: cell for (lvl, c), cell in self.cells.items()
                 if lvl == level and stale_s < now - cell.measured_at <= 4 * stale_s}
 
-    def clear(self) -> None:
-        self.cells.clear()
-
     # -- profiles -------------------------------------------------------------
     def to_list(self, tpot: Callable[[SpecConfig, Cell], float]) -> list[dict]:
         return [{"level": lvl, "config": c.to_dict(), "tpot_s": tpot(c, cell),
@@ -239,9 +236,6 @@ class AcceptancePool:
         windows that follow set E[L] within a few windows."""
         for counts in (*self.succ.values(), *self.trials.values()):
             counts[:] = [v * keep for v in counts]
-
-    def clear(self) -> None:
-        self.__init__(self.decay)
 
 
 def ruled_out(config: SpecConfig, measured: dict[SpecConfig, float]) -> bool:
@@ -379,8 +373,7 @@ class MeasuredPolicy:
                 continue
             best = min(self.tpot(c2, x) for (l2, c2), x in self.table.cells.items() if l2 == lvl and x.windows)
             return (0.0, self.tpot(c, cell) / best)
-        k = (c.k if c.enabled else 0), (active.k if active.enabled else 0)
-        return (1.0, abs(k[0] - k[1]) + (0.5 if c.parallel != active.parallel else 0.0))
+        return (1.0, abs(c.k - (active.k if active.enabled else 0)) + (0.5 if c.parallel != active.parallel else 0.0))
 
     def active_plan(self, now: float) -> Plan | None:
         """The serving config's plan from its measurement at the current level."""
