@@ -5,6 +5,8 @@ shared one runs without a controller)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -30,9 +32,6 @@ def controlled(tmp_path_factory):
 
 
 def test_the_controller_measures_and_switches_live_without_losing_a_request(controlled):
-    import threading
-    import time
-
     from quickdraft.client import CompletionClient
     from quickdraft.v1 import completion_pb2 as pb
 
