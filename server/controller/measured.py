@@ -319,7 +319,7 @@ class MeasuredPolicy:
         known = {**stale, **tpot}
         limit = min(tpot.values()) * (1.0 + self.settings.measure.refresh_within)
         unmeasured = [c for c in candidates if c not in tpot and stale.get(c, 0.0) <= limit
-                      and not ruled_out(c, known)]
+                      and not ruled_out(c, known) and not self._far_off(c, lvl, stale)]
         if unmeasured:
             nxt = min(unmeasured, key=lambda c: self._probe_order(c, lvl, active))
             self.probes += 1
@@ -366,14 +366,56 @@ class MeasuredPolicy:
         every stream a slow window; measured last, it is left at most once."""
         if not c.enabled:
             return (2.0, 0.0)
-        near = sorted({lvl for (lvl, _c) in self.table.cells}, key=lambda lvl: abs(lvl - level))
-        for lvl in near:
-            cell = self.table.get(lvl, c)
-            if cell is None or not cell.windows:
-                continue
-            best = min(self.tpot(c2, x) for (l2, c2), x in self.table.cells.items() if l2 == lvl and x.windows)
-            return (0.0, self.tpot(c, cell) / best)
+        relative = self._relative(c, level)
+        if relative is not None:
+            return (0.0, relative)
         return (1.0, abs(c.k - (active.k if active.enabled else 0)) + (0.5 if c.parallel != active.parallel else 0.0))
+
+    def _relative(self, c: SpecConfig, level: int) -> float | None:
+        """``c``'s TPOT over the best config's at the nearest level where ``c``
+        was measured (stale values count); None where it never was."""
+        for lvl in sorted({lvl for (lvl, _c) in self.table.cells}, key=lambda lvl: abs(lvl - level)):
+            measured = self._at(lvl)
+            if c in measured:
+                return measured[c] / min(measured.values())
+        return None
+
+    def _at(self, level: int) -> dict[SpecConfig, float]:
+        """TPOT of every config measured at ``level``, stale ones included."""
+        return {c: self.tpot(c, x) for (lvl, c), x in self.table.cells.items() if lvl == level and x.windows}
+
+    def _far_off(self, c: SpecConfig, level: int, stale: dict[SpecConfig, float]) -> bool:
+        """Whether a config not measured at ``level`` is left unprobed there.
+
+        Seen from the nearest other level that says something of ``c`` (its
+        own measurement, or, where the single-minimum rule rules it out there,
+        the slowest of its mode's measured Ks between it and the mode's best:
+        a lower bound), ``c`` ran more than ``measure.prune_above`` slower than
+        that level's best, and it drafts at least as many tokens as that best
+        where the load is now higher (at most as many where lower). More load
+        makes every drafted and verified token relatively dearer, so such a
+        config is slower still against this level's best; a config on the
+        other side of the best may cross over and is probed. A probe of a
+        far-off config costs most at high load, where windows last longest.
+        No speculation is always probed (it is on no K curve), and a stale
+        measurement at this level decides by itself."""
+        if not c.enabled or c in stale:
+            return False
+        for lvl in sorted({lvl for (lvl, _c) in self.table.cells if lvl != level}, key=lambda lvl: abs(lvl - level)):
+            measured = self._at(lvl)
+            best = min(measured, key=measured.__getitem__)
+            if c in measured:
+                tpot = measured[c]
+            elif ruled_out(c, measured):
+                curve = {c2.k: t for c2, t in measured.items() if c2.enabled and c2.parallel == c.parallel}
+                k_best = min(curve, key=curve.__getitem__)
+                lo, hi = sorted((c.k, k_best))
+                tpot = max(t for k, t in curve.items() if lo < k < hi)
+            else:
+                continue
+            same_side = c.k >= best.k if level > lvl else c.k <= best.k
+            return same_side and tpot > measured[best] * (1.0 + self.settings.measure.prune_above)
+        return False
 
     def active_plan(self, now: float) -> Plan | None:
         """The serving config's plan from its measurement at the current level."""
