@@ -348,11 +348,12 @@ class MeasureSettings:
     prune_above: float = 0.3
     """At a load level where a config has no measurement, it is not probed
     when, at the nearest level where it was measured, it ran more than this
-    fraction slower than that level's best and drafts at least as many tokens
-    as that best where the load is now higher (at most as many where lower).
-    No speculation is always probed. Probes of far-off configs cost most at
-    high load, where windows last longest. A large value (e.g. 100) probes
-    every config at every level."""
+    fraction slower than that level's best and its K lies beyond its drafting
+    mode's best K there in the direction the load moved (larger where the
+    load rose, smaller where it fell): more load does not raise a mode's
+    best K. No speculation is always probed. Probes of far-off configs cost
+    most at high load, where windows last longest. A large value (e.g. 100)
+    probes every config at every level."""
 
     def validate(self) -> None:
         validation.check_measure(self)

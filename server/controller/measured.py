@@ -387,34 +387,35 @@ class MeasuredPolicy:
     def _far_off(self, c: SpecConfig, level: int, stale: dict[SpecConfig, float]) -> bool:
         """Whether a config not measured at ``level`` is left unprobed there.
 
-        Seen from the nearest other level that says something of ``c`` (its
-        own measurement, or, where the single-minimum rule rules it out there,
+        At the nearest other level that says something of ``c`` (its own
+        measurement, or, where the single-minimum rule rules it out there,
         the slowest of its mode's measured Ks between it and the mode's best:
-        a lower bound), ``c`` ran more than ``measure.prune_above`` slower than
-        that level's best, and it drafts at least as many tokens as that best
-        where the load is now higher (at most as many where lower). More load
-        makes every drafted and verified token relatively dearer, so such a
-        config is slower still against this level's best; a config on the
-        other side of the best may cross over and is probed. A probe of a
-        far-off config costs most at high load, where windows last longest.
-        No speculation is always probed (it is on no K curve), and a stale
-        measurement at this level decides by itself."""
+        a lower bound), ``c`` ran more than ``measure.prune_above`` slower
+        than that level's best, and it lies beyond its mode's best K there
+        in the direction the load moved: a larger K where the load is now
+        higher, a smaller one where lower. More load makes each drafted and
+        verified token relatively dearer, so a mode's best K does not rise
+        with load, and such a config is beaten by a K of its own mode that
+        is probed anyway. A probe of a far-off config costs most at high
+        load, where windows last longest. No speculation is always probed
+        (it is on no K curve), and a stale measurement at this level decides
+        by itself."""
         if not c.enabled or c in stale:
             return False
         for lvl in sorted({lvl for (lvl, _c) in self.table.cells if lvl != level}, key=lambda lvl: abs(lvl - level)):
             measured = self._at(lvl)
-            best = min(measured, key=measured.__getitem__)
+            curve = {c2.k: t for c2, t in measured.items() if c2.enabled and c2.parallel == c.parallel}
             if c in measured:
                 tpot = measured[c]
             elif ruled_out(c, measured):
-                curve = {c2.k: t for c2, t in measured.items() if c2.enabled and c2.parallel == c.parallel}
                 k_best = min(curve, key=curve.__getitem__)
                 lo, hi = sorted((c.k, k_best))
                 tpot = max(t for k, t in curve.items() if lo < k < hi)
             else:
                 continue
-            same_side = c.k >= best.k if level > lvl else c.k <= best.k
-            return same_side and tpot > measured[best] * (1.0 + self.settings.measure.prune_above)
+            k_best = min(curve, key=curve.__getitem__)
+            beyond = c.k > k_best if level > lvl else c.k < k_best
+            return beyond and tpot > min(measured.values()) * (1.0 + self.settings.measure.prune_above)
         return False
 
     def active_plan(self, now: float) -> Plan | None:
