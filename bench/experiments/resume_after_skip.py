@@ -10,7 +10,7 @@ service: A, parallel K=5 at 1 stream; B, off at 8 streams; C, parallel K=5
 at 1 stream again. Printed per step: token-weighted TPOT and median TTFT in
 10-s bins, then C / A for each setting. The settings alternate within a
 round, so a drift of the machine shows in both. The answer is in
-docs/vllm-notes.md ("Skipping the drafter at K=0").
+docs/vllm-notes.md ("A K=0 step costs more than a plain engine's step").
 """
 from __future__ import annotations
 
