@@ -27,6 +27,11 @@ drafter altogether, so going from it to K=1 adds the drafter's fixed cost
 (one pass, or one per draft token) at a step, and the curve can fall from
 K=1 on and still have its minimum at no speculation, as at 8 streams on a
 2-core CPU. It is always measured, and its measurement rules nothing out.
+
+Measurements at other load levels leave out what is far off: a config
+that ran ``measure.prune_above`` slower than the best at the nearest
+other level, with its K beyond its mode's best K there in the direction
+the load moved (a mode's best K does not rise with load), is not probed.
 """
 
 from __future__ import annotations
@@ -405,15 +410,11 @@ class MeasuredPolicy:
         for lvl in sorted({lvl for (lvl, _c) in self.table.cells if lvl != level}, key=lambda lvl: abs(lvl - level)):
             measured = self._at(lvl)
             curve = {c2.k: t for c2, t in measured.items() if c2.enabled and c2.parallel == c.parallel}
-            if c in measured:
-                tpot = measured[c]
-            elif ruled_out(c, measured):
-                k_best = min(curve, key=curve.__getitem__)
-                lo, hi = sorted((c.k, k_best))
-                tpot = max(t for k, t in curve.items() if lo < k < hi)
-            else:
+            if c not in measured and not ruled_out(c, measured):
                 continue
             k_best = min(curve, key=curve.__getitem__)
+            lo, hi = sorted((c.k, k_best))
+            tpot = measured[c] if c in measured else max(t for k, t in curve.items() if lo < k < hi)
             beyond = c.k > k_best if level > lvl else c.k < k_best
             return beyond and tpot > min(measured.values()) * (1.0 + self.settings.measure.prune_above)
         return False
