@@ -72,7 +72,8 @@ def command_line() -> str:
         head = "quickdraft"
     elif argv0.suffix == ".py" and REPO in argv0.resolve().parents:
         parts = argv0.resolve().relative_to(REPO).with_suffix("").parts
-        head = "python -m quickdraft." + ".".join(parts[:-1] if parts[-1] == "__main__" else parts)
+        module = ".".join(parts[:-1] if parts[-1] == "__main__" else parts)
+        head = "python -m quickdraft" + (f".{module}" if module else "")  # the package's own __main__: no module
     else:
         head = str(argv0)
     return " ".join([head, *sys.argv[1:]])
