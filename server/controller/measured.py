@@ -157,6 +157,11 @@ class Measurements:
             return previous
         return round(pos)
 
+    def levels_near(self, level: int, *, others_only: bool = False) -> list[int]:
+        """Levels with measurements, nearest to ``level`` first."""
+        levels = {lvl for (lvl, _c) in self.cells if not (others_only and lvl == level)}
+        return sorted(levels, key=lambda lvl: abs(lvl - level))
+
     def load_of(self, level: int) -> float:
         return 2.0 ** (level / self.settings.measure.levels_per_doubling)
 
@@ -243,17 +248,31 @@ class AcceptancePool:
             counts[:] = [v * keep for v in counts]
 
 
+def mode_curve(config: SpecConfig, measured: dict[SpecConfig, float]) -> dict[int, float]:
+    """TPOT by K of the measured configs in ``config``'s drafting mode."""
+    return {c.k: t for c, t in measured.items() if c.enabled and c.parallel == config.parallel}
+
+
+def bound_beyond(config: SpecConfig, measured: dict[SpecConfig, float]) -> float | None:
+    """Under a single-minimum TPOT curve over K within ``config``'s drafting
+    mode, a lower bound on its TPOT: the slowest measured K of the mode
+    between it and the mode's best, where that is slower than the best;
+    None where the curve says nothing of ``config``."""
+    if not config.enabled:
+        return None
+    curve = mode_curve(config, measured)
+    if len(curve) < 2:
+        return None
+    k_best = min(curve, key=curve.__getitem__)
+    lo, hi = sorted((config.k, k_best))
+    between = [t for k, t in curve.items() if lo < k < hi]
+    return max(between) if between and max(between) > curve[k_best] else None
+
+
 def ruled_out(config: SpecConfig, measured: dict[SpecConfig, float]) -> bool:
     """Whether a single-minimum TPOT curve over K within ``config``'s drafting
     mode makes it slower than a measured config of that mode."""
-    if not config.enabled:
-        return False
-    curve = {c.k: t for c, t in measured.items() if c.enabled and c.parallel == config.parallel}
-    if len(curve) < 2:
-        return False
-    k_best = min(curve, key=curve.__getitem__)
-    lo, hi = sorted((config.k, k_best))
-    return any(lo < k < hi and t > curve[k_best] for k, t in curve.items())
+    return bound_beyond(config, measured) is not None
 
 
 class MeasuredPolicy:
@@ -379,7 +398,7 @@ class MeasuredPolicy:
     def _relative(self, c: SpecConfig, level: int) -> float | None:
         """``c``'s TPOT over the best config's at the nearest level where ``c``
         was measured (stale values count); None where it never was."""
-        for lvl in sorted({lvl for (lvl, _c) in self.table.cells}, key=lambda lvl: abs(lvl - level)):
+        for lvl in self.table.levels_near(level):
             measured = self._at(lvl)
             if c in measured:
                 return measured[c] / min(measured.values())
@@ -407,14 +426,13 @@ class MeasuredPolicy:
         by itself."""
         if not c.enabled or c in stale:
             return False
-        for lvl in sorted({lvl for (lvl, _c) in self.table.cells if lvl != level}, key=lambda lvl: abs(lvl - level)):
+        for lvl in self.table.levels_near(level, others_only=True):
             measured = self._at(lvl)
-            curve = {c2.k: t for c2, t in measured.items() if c2.enabled and c2.parallel == c.parallel}
-            if c not in measured and not ruled_out(c, measured):
+            tpot = measured[c] if c in measured else bound_beyond(c, measured)
+            if tpot is None:
                 continue
+            curve = mode_curve(c, measured)
             k_best = min(curve, key=curve.__getitem__)
-            lo, hi = sorted((c.k, k_best))
-            tpot = measured[c] if c in measured else max(t for k, t in curve.items() if lo < k < hi)
             beyond = c.k > k_best if level > lvl else c.k < k_best
             return beyond and tpot > min(measured.values()) * (1.0 + self.settings.measure.prune_above)
         return False
