@@ -233,3 +233,61 @@ def test_mix_keeps_the_context_share_whichever_kind_is_larger() -> None:
     assert len(rows) == 200 and int(rows[:, 0].sum()) == 100  # context cut to the old mix's 100
     rows = mix(torch.zeros(400, 3, dtype=torch.long), ctx[:100], 0.5, seed=0)
     assert len(rows) == 200 and int(rows[:, 0].sum()) == 100  # old mix cut to the context's 100
+
+
+class _Ticks:
+    """A clock that advances one second a reading: train() reads it once a step."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+def _adapter(tiny: Path) -> tuple[sf.Adapter, torch.Tensor, sf.LossTargets]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(str(tiny))
+    adapter = sf.prepare(AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32), tok, rank=4, alpha=8.0)
+    text = render(CodeContext(prefix="def f(x):\n", suffix="\n    return y\n", file_path="a.py")) + "    y = x + 1" + ENDOFTEXT
+    rows = torch.tensor([sf.encode(tok, [text * 4])[0][:33]] * 6)
+    targets = sf.LossTargets.of(tok, torch.tensor(adapter.added), prompt_weight=0.0)
+    return adapter, rows, targets
+
+
+def test_a_run_cut_by_stop_after_and_resumed_ends_where_an_uncut_run_ends(tiny):
+    def trainable(a: sf.Adapter) -> list[torch.Tensor]:
+        return [p.detach().clone() for grp in a.param_groups(1.0) for p in grp["params"]]
+
+    common = dict(seconds=1e9, max_steps=8, batch=2, lr=1e-2, log=lambda rec: None, seed=3)
+    whole, rows, targets = _adapter(tiny)
+    hist, state = sf.train(whole, rows, targets, clock=_Ticks(), **common)
+    assert state is None and hist[-1]["step"] == 8
+
+    cut, rows, targets = _adapter(tiny)
+    hist, state = sf.train(cut, rows, targets, clock=_Ticks(), stop_after=3.5, **common)
+    assert state is not None and state["step"] == 3 and hist[-1]["step"] == 1
+    assert any((a - b).abs().max() > 0 for a, b in zip(trainable(cut), trainable(whole))), "stopped after 3 of 8 steps yet trained alike"
+    again, rows, targets = _adapter(tiny)  # a fresh process: base weights, state from the file
+    hist, state = sf.train(again, rows, targets, clock=_Ticks(), resume=state, **common)
+    assert state is None and hist[-1]["step"] == 8
+    for a, b in zip(trainable(again), trainable(whole), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_output_head_runs_only_where_a_target_weighs(tiny):
+    adapter, rows, targets = _adapter(tiny)
+    model = adapter.model
+    seen: list[int] = []
+    model.get_output_embeddings().register_forward_hook(lambda mod, inp, out: seen.append(inp[0].shape[0]))
+    loss = sf.lm_loss(model, rows, targets)
+    weighed = int((targets.weights(rows[:, 1:]) > 0).sum())
+    assert seen == [weighed] and 0 < weighed < rows[:, 1:].numel()
+    # The same loss as over full logits, weighted.
+    logits = model(input_ids=rows[:, :-1]).logits
+    w = targets.weights(rows[:, 1:])
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1), reduction="none")
+    torch.testing.assert_close(loss, (ce * w.reshape(-1)).sum() / w.sum())

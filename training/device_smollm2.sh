@@ -13,6 +13,9 @@
 #        (joins and checks the GGUF, dequantizes it as the installer does, checks the weights' pinned SHA-256,
 #         then the fine-tune: ~2 min of corpus, samples and encoding, TRAIN_S of training, ~30 s of checks;
 #         keep the sum under the 600 s a call may run. $OUT gets the delta, log and summary)
+# A run longer than one call: STOP_AFTER=S ends the train call's training after S seconds (the schedule spans
+# TRAIN_S) and keeps its state and data in /tmp/fim; then, on the same warm machine, with no carry:
+#   command: TRAIN_S=<same> bash training/device_smollm2.sh resume          ($OUT: the delta, log and summary)
 # Back here: copy $OUT/delta/ to quickdraft/models/smollm2-135m-fim/ (a delta over 15 MiB comes in pieces:
 # cat delta.safetensors.part-* > delta.safetensors), pin its SHA-256 and the built
 # weights' in server/model_cache.py MODELS (quickdraft model build smollm2-135m-fim --force prints it).
@@ -32,6 +35,15 @@ site() { # the wheels, unzipped (pure zip archives: no pip needed there)
 }
 export PYTHONPATH="$PWD:$PWD/$DIR/site" PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15 TOKENIZERS_PARALLELISM=true
 OUT="${OUT:-/tmp/qd-out}"
+deliver() {
+  # Files come back from $OUT only up to 16 MiB each: a larger delta (rank 32 is 19.7 MB) in pieces, joined here with
+  # cat delta.safetensors.part-* > delta.safetensors (its SHA-256 is in the log above).
+  d="$OUT/delta/delta.safetensors"
+  if [ "$(stat -c %s "$d")" -gt $((15 * 1048576)) ]; then
+    sha256sum "$d"; split -b 15M -d -a 1 "$d" "$d.part-" && rm "$d"
+  fi
+  ls -la "$OUT" "$OUT/delta"
+}
 
 case "${1:-}" in
 pack)
@@ -62,14 +74,15 @@ train)
 from quickdraft.server import model_cache as m
 m.build("smollm2-135m-base", out=Path("/tmp/base"), gguf=Path("/tmp/smollm2.gguf"), progress=False)'
   python3 -m training.smollm2_fim --base /tmp/base --out /tmp/fim --results "$OUT" --seconds "${TRAIN_S:-360}" ${FIM_ARGS:-} \
-      2>&1 | tee "$OUT/log.txt" | grep -v '%|' || true
-  # Files come back from $OUT only up to 16 MiB each: a larger delta (rank 32 is 19.7 MB) in pieces, joined here with
-  # cat delta.safetensors.part-* > delta.safetensors (its SHA-256 is in the log above).
-  d="$OUT/delta/delta.safetensors"
-  if [ "$(stat -c %s "$d")" -gt $((15 * 1048576)) ]; then
-    sha256sum "$d"; split -b 15M -d -a 1 "$d" "$d.part-" && rm "$d"
-  fi
-  ls -la "$OUT" "$OUT/delta" ;;
+      ${STOP_AFTER:+--stop-after "$STOP_AFTER"} 2>&1 | tee "$OUT/log.txt" | grep -v '%|' || true
+  [ -n "${STOP_AFTER:-}" ] && { ls -la /tmp/fim; exit 0; }
+  deliver ;;
+resume)
+  mkdir -p "$OUT"
+  python3 -m training.smollm2_fim --base /tmp/base --out /tmp/fim --results "$OUT" --seconds "${TRAIN_S:-360}" ${FIM_ARGS:-} \
+      --resume 2>&1 | tee "$OUT/log.txt" | grep -v '%|' || true
+  deliver ;;
 *)
-  echo "usage: $0 pack|smoke|have|train" >&2; exit 2 ;;
+  echo "usage: $0 pack|smoke|have|train|resume" >&2; exit 2 ;;
 esac
+

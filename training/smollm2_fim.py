@@ -255,12 +255,18 @@ class LossTargets:
 
 
 def lm_loss(model: nn.Module, batch: torch.Tensor, targets: LossTargets) -> torch.Tensor:
-    """Weighted next-token cross-entropy over rows [B, T+1] (``LossTargets.weights``)."""
-    logits = model(input_ids=batch[:, :-1]).logits
+    """Weighted next-token cross-entropy over rows [B, T+1] (``LossTargets.weights``).
+
+    The output head runs only where a target weighs something: with the prompts
+    of context samples left out, that is a fraction of the positions, and the
+    head (49k x 576) with its float32 logits is most of a step's memory."""
     target = batch[:, 1:]
-    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
-    w = targets.weights(target).reshape(-1)
-    return (ce * w).sum() / w.sum().clamp_min(1.0)
+    w = targets.weights(target)
+    keep = w > 0
+    hidden = model.get_decoder()(input_ids=batch[:, :-1]).last_hidden_state
+    logits = model.get_output_embeddings()(hidden[keep])
+    ce = F.cross_entropy(logits.float(), target[keep], reduction="none")
+    return (ce * w[keep]).sum() / w[keep].sum().clamp_min(1.0)
 
 
 @torch.no_grad()
@@ -275,9 +281,19 @@ def eval_loss(model: nn.Module, data: torch.Tensor, targets: LossTargets, batch_
     return total / max(1, n)
 
 
+RESUME_FILE = "resume.pt"  # in --out: the trainable weights, optimizer and schedule position of a run cut by --stop-after
+DATA_FILE = "data.pt"  # in --out: the packed training and held-out rows, so a resumed run skips the corpus
+
+
 def train(adapter: Adapter, data: torch.Tensor, targets: LossTargets, *, seconds: float, max_steps: int | None, batch: int,
-          lr: float, log: Callable[[dict], None], seed: int) -> list[dict]:
-    """AdamW on the adapter, cosine schedule over the wall-clock budget (or max_steps)."""
+          lr: float, log: Callable[[dict], None], seed: int, stop_after: float | None = None,
+          resume: dict[str, Any] | None = None, clock: Callable[[], float] = time.time) -> tuple[list[dict], dict[str, Any] | None]:
+    """AdamW on the adapter, cosine schedule over the wall-clock budget ``seconds`` (or max_steps).
+
+    ``stop_after`` ends this call's training after that many seconds while the
+    schedule still spans ``seconds``; the second value returned is then the
+    state to pass back as ``resume`` (a device call lasts 10 minutes at most,
+    a run may need two). It is None when the schedule ran to its end."""
     from training.target import cosine_lr
 
     model = adapter.model
@@ -286,14 +302,28 @@ def train(adapter: Adapter, data: torch.Tensor, targets: LossTargets, *, seconds
     peaks = [grp["lr"] for grp in groups]
     opt = torch.optim.AdamW(groups, betas=(0.9, 0.95), fused=data.is_cuda)
     trainable = [p for grp in groups for p in grp["params"]]
-    model.train()
     hist: list[dict] = []
-    t0, step, tokens = time.time(), 0, 0
+    done_s, step, tokens = 0.0, 0, 0
+    if resume is not None:
+        with torch.no_grad():
+            for p, saved in zip(trainable, resume["trainable"], strict=True):
+                p.copy_(saved.to(p.device))
+        opt.load_state_dict(resume["optimizer"])
+        g.set_state(resume["generator"])
+        done_s, step, tokens, hist = resume["seconds"], resume["step"], resume["tokens"], list(resume["history"])
+    model.train()
+    t0 = clock()
+    loss = torch.zeros(())
     while True:
-        elapsed = time.time() - t0
+        now = clock() - t0
+        elapsed = done_s + now
         frac = step / max_steps if max_steps else elapsed / seconds
         if frac >= 1.0 or (max_steps and elapsed >= seconds):
             break
+        if stop_after is not None and now >= stop_after:
+            model.eval()
+            return hist, {"trainable": [p.detach().cpu() for p in trainable], "optimizer": opt.state_dict(), "generator": g.get_state(),
+                          "seconds": elapsed, "step": step, "tokens": tokens, "history": hist}
         for grp, peak in zip(opt.param_groups, peaks):
             grp["lr"] = cosine_lr(frac, peak)
         rows = data[torch.randint(0, len(data), (batch,), generator=g).to(data.device)]
@@ -309,12 +339,13 @@ def train(adapter: Adapter, data: torch.Tensor, targets: LossTargets, *, seconds
             rec = {"step": step, "seconds": round(elapsed, 1), "tokens": tokens, "loss": round(loss.item(), 4), "lr": opt.param_groups[0]["lr"]}
             hist.append(rec)
             log(rec)
-    if step and hist[-1]["step"] != step:  # the last step, so the history says how far it got
-        rec = {"step": step, "seconds": round(time.time() - t0, 1), "tokens": tokens, "loss": round(loss.item(), 4), "lr": opt.param_groups[0]["lr"]}
+    if step and (not hist or hist[-1]["step"] != step):  # the last step, so the history says how far it got
+        rec = {"step": step, "seconds": round(done_s + clock() - t0, 1), "tokens": tokens, "loss": round(loss.item(), 4),
+               "lr": opt.param_groups[0]["lr"]}
         hist.append(rec)
         log(rec)
     model.eval()
-    return hist
+    return hist, None
 
 
 @torch.no_grad()
@@ -407,6 +438,28 @@ def tiny_base(texts: list[str], out: Path, vocab: int = 512, seed: int = 0) -> P
 # --- the run ---------------------------------------------------------------------------
 
 
+def texts(args: argparse.Namespace, summary: dict[str, Any]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(train old mix, train context samples, held-out old mix, held-out context samples) for ``main``'s arguments."""
+    from training import context_samples
+    from training import corpus as corpus_mod
+
+    if args.site_packages:
+        corp = corpus_mod.collect([args.site_packages], include_stdlib=False)
+        roots = [str(args.site_packages)]
+    else:
+        corp = corpus_mod.collect()
+        roots = context_samples.default_roots()
+    workers = args.workers or corpus_mod.cpu_count()
+    summary["corpus"] = corp.stats()
+    train_old, train_ctx, st = texts_for(corp.train, roots, ctx_seconds=args.ctx_seconds, workers=workers, seed=args.seed,
+                                         budget_tokens=args.budget_tokens, max_files=60 if args.smoke else None, old_chars=args.old_chars)
+    held_old, held_ctx, st_held = texts_for(corp.held_out, roots, ctx_seconds=min(args.ctx_seconds, 15), workers=workers,
+                                            seed=args.seed + 1, budget_tokens=args.budget_tokens, max_files=10 if args.smoke else 120,
+                                            old_chars=3_000_000)
+    summary["texts"] = {"train": st, "held_out": st_held}
+    return train_old, train_ctx, held_old, held_ctx
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", type=Path, help="the dequantized base folder (quickdraft model path smollm2-135m-base)")
@@ -417,8 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--alpha", type=float, default=32.0)
     ap.add_argument("--lr", type=float, default=4e-4)
-    # The float32 logits alone are batch x seq x 49,159 x 4 bytes: 3 GiB at 8, 12 GiB at 32, which with the
-    # backward's copies ran out of memory on an 80 GB H100.
+    # Rows a step. Float32 logits are 49,159 x 4 bytes a weighed target (lm_loss): every token counted,
+    # 32 rows ran out of memory on an 80 GB H100.
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048, help="packed row length (the preset's window)")
     ap.add_argument("--prompt-loss-weight", type=float, default=0.0,
@@ -431,9 +484,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on a CPU; without --base a random 2-layer stand-in base")
+    ap.add_argument("--stop-after", type=float,
+                    help="end this call's training after this many seconds (the schedule still spans --seconds) and save "
+                         "OUT/resume.pt and OUT/data.pt for --resume")
+    ap.add_argument("--resume", action="store_true", help="go on from OUT/resume.pt with OUT/data.pt (the same --out and arguments)")
     args = ap.parse_args(argv)
 
-    from training import corpus as corpus_mod
     from training.pipeline import Log, pack
 
     t_start = time.time()
@@ -456,34 +512,26 @@ def main(argv: list[str] | None = None) -> int:
         args.ctx_seconds = min(args.ctx_seconds, 20)
         args.old_chars = min(args.old_chars, 300_000)
 
-    # 1. corpus and texts (worker processes fork before CUDA is touched)
-    if args.site_packages:
-        corp = corpus_mod.collect([args.site_packages], include_stdlib=False)
-        roots = [str(args.site_packages)]
-    else:
-        from training import context_samples
-
-        corp = corpus_mod.collect()
-        roots = context_samples.default_roots()
-    workers = args.workers or corpus_mod.cpu_count()
-    summary["corpus"] = corp.stats()
-    train_old, train_ctx, st = texts_for(corp.train, roots, ctx_seconds=args.ctx_seconds, workers=workers, seed=args.seed,
-                                         budget_tokens=args.budget_tokens, max_files=60 if args.smoke else None, old_chars=args.old_chars)
-    held_old, held_ctx, st_held = texts_for(corp.held_out, roots, ctx_seconds=min(args.ctx_seconds, 15), workers=workers,
-                                            seed=args.seed + 1, budget_tokens=args.budget_tokens, max_files=10 if args.smoke else 120,
-                                            old_chars=3_000_000)
-    summary["texts"] = {"train": st, "held_out": st_held}
-    log({"texts": summary["texts"]})
-    save()
-
-    # 2. base and tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    resume = torch.load(out / RESUME_FILE, weights_only=False) if args.resume else None
     base = args.base
+    if resume is not None:
+        summary = resume["summary"]
+        summary["resumed_args"] = {k: str(v) for k, v in vars(args).items()}
+    else:
+        # 1. corpus and texts (worker processes fork before CUDA is touched)
+        train_old, train_ctx, held_old, held_ctx = texts(args, summary)
+        log({"texts": summary["texts"]})
+        save()
+        if base is None:
+            if not args.smoke:
+                ap.error("--base is required (quickdraft model path smollm2-135m-base), except with --smoke")
+            base = tiny_base(train_old[:400], out / "tiny-base")
     if base is None:
-        if not args.smoke:
-            ap.error("--base is required (quickdraft model path smollm2-135m-base), except with --smoke")
-        base = tiny_base(train_old[:400], out / "tiny-base")
+        base = out / "tiny-base"
+
+    # 2. base and tokenizer
     tok = AutoTokenizer.from_pretrained(str(base))
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -491,17 +539,26 @@ def main(argv: list[str] | None = None) -> int:
     adapter = prepare(model, tok, args.rank, args.alpha)
     summary["added_tokens"] = dict(zip(ADDED_TOKENS, adapter.added))
 
-    t0 = time.time()
     seq = args.seq
-    old_rows, ctx_rows = pack(encode(tok, train_old), seq), pack(encode(tok, train_ctx), seq) if train_ctx else torch.empty(0, seq + 1, dtype=torch.long)
-    data = mix(old_rows, ctx_rows, args.ctx_share, args.seed).to(dev)
     n_held = 8 if args.smoke else 256
-    held = {"held_out_old_mix": pack(encode(tok, held_old), seq)[:n_held].to(dev),
-            "held_out_context": pack(encode(tok, held_ctx), seq)[:n_held].to(dev) if held_ctx else None,
-            "train_rows": data[: min(len(data), n_held)]}
-    summary["data"] = {"old_rows": len(old_rows), "context_rows": len(ctx_rows), "train_rows": len(data), "seq": seq,
-                       "held_rows": {k: (len(v) if v is not None else 0) for k, v in held.items()}, "encode_s": round(time.time() - t0, 1)}
-    log({"data": summary["data"]})
+    if resume is not None:
+        cached = torch.load(out / DATA_FILE)
+        data = cached["train"].long().to(dev)
+        held = {k: (v.long().to(dev) if v is not None else None) for k, v in cached["held"].items()}
+    else:
+        t0 = time.time()
+        old_rows = pack(encode(tok, train_old), seq)
+        ctx_rows = pack(encode(tok, train_ctx), seq) if train_ctx else torch.empty(0, seq + 1, dtype=torch.long)
+        data = mix(old_rows, ctx_rows, args.ctx_share, args.seed).to(dev)
+        held = {"held_out_old_mix": pack(encode(tok, held_old), seq)[:n_held].to(dev),
+                "held_out_context": pack(encode(tok, held_ctx), seq)[:n_held].to(dev) if held_ctx else None,
+                "train_rows": data[: min(len(data), n_held)]}
+        summary["data"] = {"old_rows": len(old_rows), "context_rows": len(ctx_rows), "train_rows": len(data), "seq": seq,
+                           "held_rows": {k: (len(v) if v is not None else 0) for k, v in held.items()}, "encode_s": round(time.time() - t0, 1)}
+        log({"data": summary["data"]})
+        if args.stop_after is not None:
+            torch.save({"train": data.int().cpu(), "held": {k: (v.int().cpu() if v is not None else None) for k, v in held.items()}},
+                       out / DATA_FILE)
 
     ignore = torch.tensor(adapter.added, device=dev)
     every = LossTargets.of(tok, ignore)
@@ -516,14 +573,21 @@ def main(argv: list[str] | None = None) -> int:
                 for k, v in held.items() if k != "train_rows" and v is not None and len(v)}
         return out
 
-    summary["loss_before"] = losses()
-    summary["answers_before"] = answers(model, tok, dev, 16 if args.smoke else 40)
-    log({"loss_before": summary["loss_before"]})
-    save()
+    if resume is None:
+        summary["loss_before"] = losses()
+        summary["answers_before"] = answers(model, tok, dev, 16 if args.smoke else 40)
+        log({"loss_before": summary["loss_before"]})
+        save()
 
     # 3. train, export, check the merge, answer
-    hist = train(adapter, data, targets, seconds=args.seconds, max_steps=args.max_steps, batch=args.batch, lr=args.lr if not args.smoke else 1e-2,
-                 log=log, seed=args.seed + 7)
+    hist, state = train(adapter, data, targets, seconds=args.seconds, max_steps=args.max_steps, batch=args.batch,
+                        lr=args.lr if not args.smoke else 1e-2, log=log, seed=args.seed + 7, stop_after=args.stop_after, resume=resume)
+    if state is not None:
+        torch.save({**state, "summary": summary}, out / RESUME_FILE)
+        summary["history"], summary["steps"], summary["stopped_at_s"] = hist, state["step"], round(state["seconds"], 1)
+        log({"stopped": {"step": state["step"], "seconds": round(state["seconds"], 1)}, "resume": str(out / RESUME_FILE)})
+        save()
+        return 0
     summary["history"] = hist
     summary["steps"] = hist[-1]["step"] if hist else 0
     summary["loss_after"] = losses()
