@@ -117,6 +117,13 @@ class SLOSettings:
     """Which TTFT quantile the limits apply to, in [0.5, 1)."""
     min_samples: int = 12
     """Requests of a class before its SLO is enforced (unknown TTFT never excludes)."""
+    significance: float = 0.05
+    """Where the controller measures every config (live switching), a
+    config breaks a limit only when so many of its requests exceed it that
+    a quantile within the limit would leave that many over it with at most
+    this probability (a binomial test): in a dozen samples the 95th
+    percentile is the largest one, and one slow prefill would otherwise
+    condemn a config. 1 judges by the sample quantile alone."""
     window: int = 64
     """Recent requests kept per (latency class, config, load bucket) for the
     TTFT model; each config keeps its record while others run."""

@@ -429,6 +429,7 @@ def check_slo(s: ctl.SLOSettings) -> None:
         _rule(v is None or v > 0, f"{at}ttft_s.{cls}", v, "use a limit > 0 seconds (leave the class out for none)")
     _rule(0.5 <= s.quantile < 1.0, at + "quantile", s.quantile, "use a quantile in [0.5, 1)")
     _rule(s.min_samples >= 3, at + "min_samples", s.min_samples, "use 3 or more")
+    _rule(0 < s.significance <= 1, at + "significance", s.significance, "use a probability in (0, 1]; 1 judges by the sample quantile alone")
     _rule(s.window >= s.min_samples, at + "window", s.window, f"use at least controller.slo.min_samples ({s.min_samples})")
     _rule(s.kappa_prior >= 0, at + "kappa_prior", s.kappa_prior, "use 0 or more")
 

@@ -136,6 +136,18 @@ class Cell:
             return None
         return xs[min(len(xs) - 1, int(q * len(xs)))]
 
+    def ttft_over(self, cls: str, limit: float) -> tuple[int, int]:
+        """(requests of ``cls`` over ``limit``, requests of ``cls``)."""
+        xs = self.ttft.get(cls, ())
+        return sum(1 for t in xs if t > limit), len(xs)
+
+
+def binomial_tail(n: int, k: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    if k <= 0:
+        return 1.0
+    return sum(math.comb(n, i) * p ** i * (1.0 - p) ** (n - i) for i in range(k, n + 1))
+
 
 class Measurements:
     """Cells by (load level, config). A level is a band of requests offered
@@ -312,15 +324,20 @@ class MeasuredPolicy:
         return cell.decode_tpot_s * own / pooled if own is not None and pooled else cell.decode_tpot_s
 
     def slo_excess(self, cell: Cell | None) -> float:
-        """Measured TTFT quantile over its limit, the worst class (0: unknown)."""
+        """Measured TTFT quantile over its limit, the worst class (0: unknown).
+        Above 1 only where the limit is broken beyond chance (``slo.significance``):
+        otherwise the config is taken to meet it and the ratio is capped at 1."""
         if cell is None:
             return 0.0
         slo = self.settings.slo
         worst = 0.0
         for cls, limit in slo.ttft_s.items():
             q = cell.ttft_quantile(cls, slo.quantile, slo.min_samples)
-            if q is not None:
-                worst = max(worst, q / limit)
+            if q is None:
+                continue
+            over, n = cell.ttft_over(cls, limit)
+            broken = binomial_tail(n, over, 1.0 - slo.quantile) <= slo.significance
+            worst = max(worst, q / limit if broken else min(1.0, q / limit))
         return worst
 
     def judge(self, now: float, banned: Banned) -> Verdict:

@@ -17,7 +17,7 @@ from quickdraft.bench.controller_sim import (
 )
 from quickdraft.server.config import ControllerSettings, SLOSettings
 from quickdraft.server.controller import Controller
-from quickdraft.server.controller.measured import MeasuredPolicy, Window, ruled_out
+from quickdraft.server.controller.measured import Cell, MeasuredPolicy, Window, binomial_tail, ruled_out
 from quickdraft.server.speculative import SpecConfig
 
 OFF = SpecConfig.off()
@@ -253,6 +253,40 @@ def test_a_config_that_misses_the_ttft_slo_is_left_for_one_that_meets_it():
     mp._new_window = True
     d = mp.judge(3.0, banned)
     assert d.action == "switch" and d.code == "slo" and d.plan.engine == ar(3), d.reason
+
+
+def test_one_slow_first_token_in_a_dozen_does_not_break_the_slo():
+    """With a dozen TTFTs the sample 95th percentile is the largest one: a single
+    slow prefill put it over the limit and handed the level to a slower config
+    whose TTFT was simply not known yet (a CPU run at 8 streams). A config breaks
+    its SLO only when more requests exceed the limit than chance allows."""
+    settings = ControllerSettings(slo=SLOSettings(ttft_s={"inline": 0.3}, min_samples=12))
+    mp = MeasuredPolicy(settings)
+    banned = [c for c in settings.candidates if c not in (P5, ar(1))].__contains__
+    one_outlier = (("inline", 0.1),) * 11 + (("inline", 0.45),)
+    assert Cell().ttft_quantile("inline", 0.95, 12) is None
+    mp.observe(Window(P5, 1.0, 0.9, 1000, 1.0, 1, 1, one_outlier), now=1.0)
+    cell = mp.table.get(mp.level, P5)
+    assert cell.ttft_quantile("inline", 0.95, 12) == 0.45 and mp.slo_excess(cell) == 1.0
+    for t in (2.0, 2.5):  # a slower config, its TTFT unknown (too few samples)
+        mp.judge(t, banned)
+        mp.observe(Window(ar(1), 1.0, 1.2, 1000, 1.0, 1, 1, (("inline", 0.1),) * 2), now=t)
+    mp.active, mp._new_window = P5, True
+    d = mp.judge(3.0, banned)
+    assert d.action == "hold" and d.code == "best", d.reason
+    # Four of a dozen over the limit is no chance (P < 0.05 at a 5% share): the SLO is broken.
+    mp.observe(Window(P5, 1.0, 0.9, 1000, 1.0, 1, 1, (("inline", 0.45),) * 4), now=3.5)
+    assert mp.slo_excess(mp.table.get(mp.level, P5)) > 1.0
+    # With significance 1 the sample quantile alone decides, as before.
+    strict = MeasuredPolicy(ControllerSettings(slo=SLOSettings(ttft_s={"inline": 0.3}, min_samples=12, significance=1.0)))
+    strict.observe(Window(P5, 1.0, 0.9, 1000, 1.0, 1, 1, one_outlier), now=1.0)
+    assert strict.slo_excess(strict.table.get(strict.level, P5)) == 1.5
+
+
+def test_binomial_tail():
+    assert binomial_tail(12, 0, 0.05) == 1.0
+    assert abs(binomial_tail(12, 1, 0.05) - (1 - 0.95 ** 12)) < 1e-12
+    assert binomial_tail(12, 4, 0.05) < 0.05 < binomial_tail(12, 2, 0.05)
 
 
 def test_measurements_go_stale_and_contenders_are_measured_again():
