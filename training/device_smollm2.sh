@@ -16,6 +16,9 @@
 # A run longer than one call: STOP_AFTER=S ends the train call's training after S seconds (the schedule spans
 # TRAIN_S) and keeps its state and data in /tmp/fim; then, on the same warm machine, with no carry:
 #   command: TRAIN_S=<same> bash training/device_smollm2.sh resume          ($OUT: the delta, log and summary)
+# Drafters for a delta (training/smollm2_drafter.py): carry the delta's folder beside the last part instead of `train`:
+#   carry [".devcarry/smollm2/partN", ".devcarry/smollm2-fim-run6"]
+#   command: DELTA=.devcarry/smollm2-fim-run6 DRAFT_S=240 bash training/device_smollm2.sh drafters
 # Back here: copy $OUT/delta/ to quickdraft/models/smollm2-135m-fim/ (a delta over 15 MiB comes in pieces:
 # cat delta.safetensors.part-* > delta.safetensors), pin its SHA-256 and the built
 # weights' in server/model_cache.py MODELS (quickdraft model build smollm2-135m-fim --force prints it).
@@ -36,13 +39,19 @@ site() { # the wheels, unzipped (pure zip archives: no pip needed there)
 export PYTHONPATH="$PWD:$PWD/$DIR/site" PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15 TOKENIZERS_PARALLELISM=true
 OUT="${OUT:-/tmp/qd-out}"
 deliver() {
-  # Files come back from $OUT only up to 16 MiB each: a larger delta (rank 32 is 19.7 MB) in pieces, joined here with
-  # cat delta.safetensors.part-* > delta.safetensors (its SHA-256 is in the log above).
-  d="$OUT/delta/delta.safetensors"
-  if [ "$(stat -c %s "$d")" -gt $((15 * 1048576)) ]; then
-    sha256sum "$d"; split -b 15M -d -a 1 "$d" "$d.part-" && rm "$d"
-  fi
-  ls -la "$OUT" "$OUT/delta"
+  # Files come back from $OUT only up to 16 MiB each: larger ones (a rank-32 delta is 19.7 MB) in pieces, joined here
+  # with cat F.part-* > F (their SHA-256 is in the log above).
+  find "$OUT" -type f -size +15M | while read -r f; do sha256sum "$f"; split -b 15M -d -a 1 "$f" "$f.part-" && rm "$f"; done
+  ls -laR "$OUT"
+}
+base() {  # the installer's own build (server/model_cache.py) into /tmp/base, its pinned SHA-256 checked
+  [ -d "$DIR/site" ] || site
+  [ -f /tmp/base/MANIFEST.json ] && return
+  cat "$DIR"/part*/gguf.* > /tmp/smollm2.gguf
+  echo "$GGUF_SHA  /tmp/smollm2.gguf" | sha256sum -c -
+  python3 -c 'import sys; from pathlib import Path; from training import context_samples; context_samples.ensure_bridge()
+from quickdraft.server import model_cache as m
+m.build("smollm2-135m-base", out=Path("/tmp/base"), gguf=Path("/tmp/smollm2.gguf"), progress=False)'
 }
 
 case "${1:-}" in
@@ -66,13 +75,7 @@ smoke)
   python3 -m training.smollm2_fim --smoke --out /tmp/smk --max-steps 20 2>&1 | tail -5 ;;
 train)
   mkdir -p "$OUT"
-  [ -d "$DIR/site" ] || site
-  cat "$DIR"/part*/gguf.* > /tmp/smollm2.gguf
-  echo "$GGUF_SHA  /tmp/smollm2.gguf" | sha256sum -c -
-  # The installer's own build (server/model_cache.py), pinned SHA-256 checked: the delta is trained on exactly the base users build.
-  python3 -c 'import sys; from pathlib import Path; from training import context_samples; context_samples.ensure_bridge()
-from quickdraft.server import model_cache as m
-m.build("smollm2-135m-base", out=Path("/tmp/base"), gguf=Path("/tmp/smollm2.gguf"), progress=False)'
+  base  # the delta is trained on exactly the base users build
   python3 -m training.smollm2_fim --base /tmp/base --out /tmp/fim --results "$OUT" --seconds "${TRAIN_S:-360}" ${FIM_ARGS:-} \
       ${STOP_AFTER:+--stop-after "$STOP_AFTER"} 2>&1 | tee "$OUT/log.txt" | grep -v '%|' || true
   [ -n "${STOP_AFTER:-}" ] && { ls -la /tmp/fim; exit 0; }
@@ -82,7 +85,21 @@ resume)
   python3 -m training.smollm2_fim --base /tmp/base --out /tmp/fim --results "$OUT" --seconds "${TRAIN_S:-360}" ${FIM_ARGS:-} \
       --resume 2>&1 | tee "$OUT/log.txt" | grep -v '%|' || true
   deliver ;;
+drafters)
+  # Drafters for a FIM delta carried beside the last part (DELTA=its folder, e.g. .devcarry/smollm2-fim-run6):
+  # the target is built as the installer would build it, then training/smollm2_drafter.py for DRAFT_S seconds.
+  mkdir -p "$OUT"
+  base
+  [ -f "${DELTA:?DELTA=the carried delta folder}/delta.safetensors" ] || cat "$DELTA"/delta.safetensors.part-* > "$DELTA/delta.safetensors"
+  python3 -c 'import sys; from pathlib import Path; from quickdraft.server import model_cache as m
+m.MODELS["fim"] = m.CachedModel("fim", m.SMOLLM2_135M, Path(sys.argv[1]), None, "the carried delta")
+m.build("fim", out=Path("/tmp/target"), gguf=Path("/tmp/smollm2.gguf"), progress=False)' "$DELTA"
+  sha256sum /tmp/target/model.safetensors "$DELTA/delta.safetensors"
+  python3 -m training.smollm2_drafter --target /tmp/target --out /tmp/drafters --results "$OUT" --seconds "${DRAFT_S:-240}" \
+      ${DRAFT_ARGS:-} 2>&1 | tee "$OUT/log.txt" | grep -v '%|' || true
+  for d in /tmp/drafters/drafter-*; do cp -r "$d" "$OUT/"; done
+  deliver ;;
 *)
-  echo "usage: $0 pack|smoke|have|train|resume" >&2; exit 2 ;;
+  echo "usage: $0 pack|smoke|have|train|resume|drafters" >&2; exit 2 ;;
 esac
 

@@ -51,8 +51,18 @@ def mean_al(steps: list[list[int]]) -> float:
 
 
 def stop_ids(target_dir: Path) -> list[int]:
-    eos = json.loads((target_dir / "generation_config.json").read_text())["eos_token_id"]
-    return sorted(eos if isinstance(eos, list) else [eos])
+    """The target's stop tokens: its generation config's, else (a folder model_cache built,
+    which has none) the prompt format's stop tokens the server uses."""
+    gen = target_dir / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text())["eos_token_id"]
+        return sorted(eos if isinstance(eos, list) else [eos])
+    from transformers import AutoTokenizer
+
+    from quickdraft.prompt_format import STOP_TOKENS
+
+    vocab = AutoTokenizer.from_pretrained(str(target_dir)).get_vocab()
+    return sorted(vocab[t] for t in STOP_TOKENS if t in vocab)
 
 
 def prompt_ids(target_dir: Path, n: int, path: Path = PROMPTS, prefix_chars: int = 1500, suffix_chars: int = 500,
@@ -157,10 +167,11 @@ def anchor_chains(target, drafter, prompt: list[int], tokens: list[int], k: int)
     from training import eagle3
     from training.pipeline import ar_drafts
 
-    seq = torch.tensor([prompt + tokens])
+    dev = target.device
+    seq = torch.tensor([prompt + tokens], device=dev)
     T, P = seq.shape[1], len(prompt)
     n_real = T - 1
-    anchors = torch.arange(P - 1, T - 1)
+    anchors = torch.arange(P - 1, T - 1, device=dev)
     embed, head = target.model.embed_tokens, target.lm_head.weight
     with torch.no_grad():
         aux, _ = eagle3.target_features(target, seq, drafter.cfg.aux_layer_ids)
@@ -168,17 +179,18 @@ def anchor_chains(target, drafter, prompt: list[int], tokens: list[int], k: int)
             m = k - 1
             emb = torch.cat([embed(seq[:, 1:]), embed.weight[drafter.cfg.slot_token_id].expand(1, anchors.numel() * m, -1)], 1)
             hid = torch.cat([drafter.fc(aux[:, :n_real]), drafter.slot_hidden().expand(1, anchors.numel() * m, -1)], 1)
-            pos = torch.cat([torch.arange(n_real), (anchors[:, None] + torch.arange(1, m + 1)).flatten()])
+            pos = torch.cat([torch.arange(n_real, device=dev), (anchors[:, None] + torch.arange(1, m + 1, device=dev)).flatten()])
             out, _, _ = drafter.layer(emb, hid, pos, eagle3.chain_mask(n_real, anchors, m, seq.device))
             lg = out @ head.T
             d0 = lg[0, anchors].argmax(-1)[:, None]
             drafts = torch.cat([d0, lg[0, n_real:].view(anchors.numel(), m, -1).argmax(-1)], 1) if m else d0
         else:
             drafts = ar_drafts(drafter, embed, head, seq, aux, anchors, k)[0]
+    drafts, known = drafts.tolist(), seq[0].tolist()
     chains = []
     for i, a in enumerate(anchors.tolist()):
         c = 0
-        while c < k and a + 2 + c < T and int(drafts[i, c]) == int(seq[0, a + 2 + c]):
+        while c < k and a + 2 + c < T and drafts[i][c] == known[a + 2 + c]:
             c += 1
         chains.append(c)
     return chains
