@@ -113,12 +113,14 @@ async def run_config(cfg, spec: SpecConfig, prompts: list[dict], max_tokens: int
 def table(results: list[ConfigResult]) -> str:
     base = next(r for r in results if r.k == 0)
     lines = [
-        "| config | mean acceptance length | acceptance per position | TPOT ms | TPOT speed-up vs off |",
-        "|---|---|---|---|---|",
+        "| config | mean acceptance length | acceptance per position | TPOT ms | TPOT speed-up vs off | TTFT ms (median) |",
+        "|---|---|---|---|---|---|",
     ]
     for r in results:
         per = " / ".join(f"{a:.0%}" for a in r.acceptance_per_position) or "-"
-        lines.append(f"| {r.label} | {r.mean_acceptance_length:.2f} | {per} | {r.tpot_ms:.2f} | {base.tpot_ms / r.tpot_ms:.2f}x |")
+        mal = f"{r.mean_acceptance_length:.2f}" if r.k >= 0 else "-"
+        ttft = f"{1000 * statistics.median(r.ttft):.0f}" if r.ttft else "-"
+        lines.append(f"| {r.label} | {mal} | {per} | {r.tpot_ms:.2f} | {base.tpot_ms / r.tpot_ms:.2f}x | {ttft} |")
     return "\n".join(lines)
 
 
@@ -130,6 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="all", help="comma list of labels like off,ar3,p5 (default all)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/speculation"))
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config overrides, e.g. engine.extra_args={\"async_scheduling\": true}")
+    ap.add_argument("--llama-cpp", type=Path, metavar="GGUF",
+                    help="also llama.cpp on this GGUF, prefix-only prompts, in the same rounds (bench/llama_cpp.py)")
     args = ap.parse_args(argv)
 
     from tqdm import tqdm
@@ -144,20 +148,29 @@ def main(argv=None) -> int:
         configs = [m for m in CONFIGS if short(m) in wanted]
     prompts = load_prompts(args.prompts)
     results = {short(m): ConfigResult(label=m.label(), parallel=m.parallel, k=m.k) for m in configs}
-    bar = tqdm(total=len(configs) * args.rounds, desc="configs", unit="engine")
+    if args.llama_cpp:
+        from quickdraft.bench import llama_cpp
+
+        results[llama_cpp.LABEL] = ConfigResult(label=f"{llama_cpp.LABEL} ({args.llama_cpp.name}, prefix only)", parallel=False, k=-1)
+    bar = tqdm(total=len(results) * args.rounds, desc="configs", unit="engine")
     t0 = time.time()
     for _ in range(args.rounds):
         for m in configs:
             asyncio.run(run_config(cfg, m, prompts, args.max_tokens, results[short(m)]))
             bar.update(1)
+        if args.llama_cpp:
+            llama_cpp.run(args.llama_cpp, prompts, args.max_tokens, results[llama_cpp.LABEL])
+            bar.update(1)
     bar.close()
-    ordered = [results[short(m)] for m in configs]
+    ordered = [results[short(m)] for m in configs] + ([results[llama_cpp.LABEL]] if args.llama_cpp else [])
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "command": " ".join(["python -m quickdraft.bench.speculation", *(argv or sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": hardware_description(),
         "vllm": vllm_version(),
+        "target": cfg.target_path(),
+        "llama_cpp": llama_cpp.version() if args.llama_cpp else None,
         "prompts": len(prompts),
         "max_tokens": args.max_tokens,
         "rounds": args.rounds,

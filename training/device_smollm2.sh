@@ -91,7 +91,8 @@ drafters)
   mkdir -p "$OUT"
   base
   [ -f "${DELTA:?DELTA=the carried delta folder}/delta.safetensors" ] || cat "$DELTA"/delta.safetensors.part-* > "$DELTA/delta.safetensors"
-  python3 -c 'import sys; from pathlib import Path; from quickdraft.server import model_cache as m
+  python3 -c 'import sys; from pathlib import Path; from training import context_samples; context_samples.ensure_bridge()
+from quickdraft.server import model_cache as m
 m.MODELS["fim"] = m.CachedModel("fim", m.SMOLLM2_135M, Path(sys.argv[1]), None, "the carried delta")
 m.build("fim", out=Path("/tmp/target"), gguf=Path("/tmp/smollm2.gguf"), progress=False)' "$DELTA"
   sha256sum /tmp/target/model.safetensors "$DELTA/delta.safetensors"
