@@ -95,3 +95,54 @@ def test_chain_condition_drops_slots_after_a_wrong_draft():
     base, _ = eagle3.parallel_loss(d, embed, head, ids, aux, teacher, valid, torch.arange(5, 14))
     cond, _ = eagle3.parallel_loss(d, embed, head, ids, aux, teacher, valid, torch.arange(5, 14), chain_condition=1.0)
     assert cond.item() < 0.5 * base.item()
+
+
+@pytest.mark.parametrize("kind", ["parallel", "parallel-served", "autoregressive"])
+def test_a_loss_from_the_first_weighed_position_equals_the_whole_one(kind):
+    """teacher_from / logits_from: the LM heads run only where a draft can weigh
+    (after the prompt), and the loss, accuracies and gradients stay the same."""
+    slots = 0 if kind == "autoregressive" else 3
+    cfg = eagle3.DrafterConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=48,
+                               vocab_size=50, target_hidden_size=32, aux_layer_ids=(0, 1), slot_token_id=3, parallel_slots=slots,
+                               num_hidden_layers=1 if slots == 0 else 2)
+    torch.manual_seed(2)
+    d = eagle3.Eagle3Drafter(cfg)
+    embed, head = torch.nn.Embedding(50, 32), torch.randn(50, 32)
+    B, T, L = 2, 24, 12  # prompt of L tokens, then a continuation
+    ids, aux = torch.randint(0, 50, (B, T)), torch.randn(B, T, 64)
+    teacher = torch.softmax(torch.randn(B, T, 50) * 3, -1)
+    from training.pipeline import valid_mask
+
+    valid = valid_mask(ids, L, stop_ids=[7])
+    anchors = torch.arange(L - 1, T - 2)
+    f = L - 1  # the first position whose prediction weighs (valid's first True)
+
+    def run(teacher_from: int):
+        d.zero_grad()
+        kw = {"served_weight": 1.0, "chain_condition": 1.0, "served_k": 3} if kind == "parallel-served" else {}
+        if slots:
+            loss, accs = eagle3.parallel_loss(d, embed, head, ids, aux, teacher[:, teacher_from:], valid, anchors,
+                                              teacher_from=teacher_from, **kw)
+        else:
+            loss, accs = eagle3.autoregressive_loss(d, embed, head, ids, aux, teacher[:, teacher_from:], valid,
+                                                    anchors, 4, teacher_from=teacher_from)
+        loss.backward()
+        return loss.detach(), accs, d.fc.weight.grad.clone()
+
+    whole, cut = run(0), run(f)
+    assert torch.allclose(whole[0], cut[0], atol=1e-6), (whole[0], cut[0])
+    assert whole[1] == pytest.approx(cut[1])
+    assert torch.allclose(whole[2], cut[2], atol=1e-6)
+
+
+def test_target_features_logits_from_keeps_the_last_positions():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    t = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+                                     num_key_value_heads=1, head_dim=16)).eval()
+    ids = torch.randint(0, 40, (2, 10))
+    aux, full = eagle3.target_features(t, ids, (0, 1, 3))
+    aux_cut, cut = eagle3.target_features(t, ids, (0, 1, 3), logits_from=6)
+    assert cut.shape == (2, 4, 40) and torch.allclose(cut, full[:, 6:], atol=1e-5)
+    assert torch.equal(aux, aux_cut) and aux.shape == (2, 10, 96)

@@ -262,8 +262,11 @@ class Eagle3Drafter(nn.Module):
 
 
 @torch.no_grad()
-def target_features(target, input_ids: torch.Tensor, aux_layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(aux [B, T, n*d], logits [B, T, V]) from one target forward.
+def target_features(target, input_ids: torch.Tensor, aux_layer_ids: tuple[int, ...],
+                    logits_from: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(aux [B, T, n*d], logits [B, T - logits_from, V]) from one target forward:
+    the LM head runs from position ``logits_from`` on (a prompt's own positions
+    teach a drafter nothing, and a 49k-token head over them dominates a step).
 
     Aux layer id i is the residual stream entering decoder layer i (id ==
     num_layers: leaving the last layer, before the final norm) — what vLLM's
@@ -278,7 +281,8 @@ def target_features(target, input_ids: torch.Tensor, aux_layer_ids: tuple[int, .
         else:
             hooks.append(target.model.norm.register_forward_pre_hook(lambda m, args, i=i: captured.__setitem__(i, args[0])))
     try:
-        logits = target(input_ids=input_ids).logits
+        keep = input_ids.shape[1] - logits_from
+        logits = target(input_ids=input_ids, logits_to_keep=keep).logits if logits_from else target(input_ids=input_ids).logits
     finally:
         for h in hooks:
             h.remove()
@@ -347,8 +351,14 @@ def parallel_loss(
     served_weight: float = 0.0,  # 0: every anchor alike; 1: anchors weighted as a decoder visits them
     served_k: int = 5,
     chain_condition: float = 0.0,  # 1: slot k learns only where the drafter's own drafts 1..k were right
+    teacher_from: int = 0,  # teacher[:, i] is position teacher_from + i (target_features' logits_from)
 ) -> tuple[torch.Tensor, list[float]]:
     """P-EAGLE loss: real slots draft token 1, slot k of an anchor drafts token k+1.
+
+    ``teacher_from`` > 0: the teacher starts at that position and the LM head
+    runs only on real positions from ``teacher_from - 1`` on (a prompt's own
+    positions teach nothing); the loss is the same while ``valid`` is False
+    before it.
 
     ``served_weight`` > 0 mixes in weights from :func:`decoder_visit_weights`
     (the drafter's own chains, no gradient): a served decoder drafts only where
@@ -371,35 +381,38 @@ def parallel_loss(
     pos = torch.cat([torch.arange(n_real, device=ids.device), (anchors[:, None] + torch.arange(1, M + 1, device=ids.device)).flatten()])
     mask = chain_mask(n_real, anchors, M, ids.device)
     out, _, _ = drafter.layer(torch.cat([emb_real, slot_emb], 1), torch.cat([hidden_real, slot_hidden], 1), pos, mask)
-    logits = out @ lm_head_weight.T
+    t0 = teacher_from
+    f = max(t0 - 1, 0)  # the first real slot with logits: slot j learns teacher position j + 1
+    real_logits = out[:, f:n_real] @ lm_head_weight.T  # [B, n_real - f, V]: real slot j at index j - f
+    slot_logits = (out[:, n_real:] @ lm_head_weight.T).view(B, A, M, -1)
     # Real slot j predicts what the target predicts at position j+1.
     losses, accs = [], []
-    lab = torch.arange(1, T, device=ids.device)
-    ce0 = soft_ce(logits[:, :n_real], teacher[:, lab])
+    lab = torch.arange(f + 1, T, device=ids.device)
+    ce0 = soft_ce(real_logits, teacher[:, lab - t0])
     w0 = valid[:, lab].float()
-    slot_logits = logits[:, n_real:].view(B, A, M, -1)
     aw = torch.ones(B, A, device=ids.device)
     if served_weight > 0 or chain_condition > 0:
         with torch.no_grad():
-            greedy = teacher.argmax(-1)
-            d = torch.cat([logits[:, anchors].argmax(-1)[:, :, None], slot_logits.argmax(-1)], 2)
+            greedy = torch.zeros(B, T, dtype=torch.long, device=ids.device)
+            greedy[:, t0:] = teacher.argmax(-1)[:, : T - t0]
+            d = torch.cat([real_logits[:, anchors - f].argmax(-1)[:, :, None], slot_logits.argmax(-1)], 2)
             chains = chain_lengths(d, greedy, anchors, valid)  # [B, A], up to M+1
     if served_weight > 0:
         aw = (1 - served_weight) + served_weight * decoder_visit_weights(chains.clamp(max=served_k), served_k, valid[:, anchors + 1])
         # Draft 1 of anchor j is real slot j's prediction: weigh it like the anchor's chain.
         w0 = w0.clone()
-        w0[:, anchors] = w0[:, anchors] * aw
+        w0[:, anchors - f] = w0[:, anchors - f] * aw
     losses.append((ce0 * w0).sum() / w0.sum().clamp(min=1))
-    accs.append(((logits[:, :n_real].argmax(-1) == teacher[:, lab].argmax(-1)).float() * w0).sum().item() / max(1.0, w0.sum().item()))
+    accs.append(((real_logits.argmax(-1) == teacher[:, lab - t0].argmax(-1)).float() * w0).sum().item() / max(1.0, w0.sum().item()))
     for k in range(1, M + 1):
         lpos = (anchors + k + 1).clamp(max=T - 1)
         w = valid[:, lpos].float() * (anchors + k + 1 <= T - 1).float()[None] * aw
         if chain_condition > 0:
             w = w * ((1 - chain_condition) + chain_condition * (chains >= k).float())
         lg = slot_logits[:, :, k - 1]
-        ce = soft_ce(lg, teacher[:, lpos])
+        ce = soft_ce(lg, teacher[:, lpos - t0])
         losses.append((ce * w).sum() / w.sum().clamp(min=1))
-        accs.append(((lg.argmax(-1) == teacher[:, lpos].argmax(-1)).float() * w).sum().item() / max(1.0, w.sum().item()))
+        accs.append(((lg.argmax(-1) == teacher[:, lpos - t0].argmax(-1)).float() * w).sum().item() / max(1.0, w.sum().item()))
     weights = depth_weights(M + 1)
     loss = sum(wt * l for wt, l in zip(weights, losses)) / sum(weights)
     return loss, accs
@@ -415,6 +428,7 @@ def autoregressive_loss(
     valid: torch.Tensor,
     anchors: torch.Tensor,
     steps: int,
+    teacher_from: int = 0,  # as parallel_loss's
 ) -> tuple[torch.Tensor, list[float]]:
     """EAGLE-3 training-time test: unroll `steps` draft passes, each feeding the
     previous pass's pre-norm output and the (accepted) true token."""
@@ -422,11 +436,13 @@ def autoregressive_loss(
     n_real = T - 1
     dev = ids.device
     out, prenorm, kv0 = drafter.layer(embed(ids[:, 1:]), drafter.fc(aux[:, :n_real]), torch.arange(n_real, device=dev), None)
-    logits = out @ lm_head_weight.T
-    lab = torch.arange(1, T, device=dev)
+    t0 = teacher_from
+    f = max(t0 - 1, 0)
+    logits = out[:, f:] @ lm_head_weight.T
+    lab = torch.arange(f + 1, T, device=dev)
     w0 = valid[:, lab].float()
-    losses = [(soft_ce(logits, teacher[:, lab]) * w0).sum() / w0.sum().clamp(min=1)]
-    accs = [((logits.argmax(-1) == teacher[:, lab].argmax(-1)).float() * w0).sum().item() / max(1.0, w0.sum().item())]
+    losses = [(soft_ce(logits, teacher[:, lab - t0]) * w0).sum() / w0.sum().clamp(min=1)]
+    accs = [((logits.argmax(-1) == teacher[:, lab - t0].argmax(-1)).float() * w0).sum().item() / max(1.0, w0.sum().item())]
     A = anchors.numel()
     hidden = prenorm[:, anchors]  # [B, A, d]
     cache = KVChain(kv0)
@@ -448,8 +464,8 @@ def autoregressive_loss(
         lg = out @ lm_head_weight.T
         lpos = (anchors + s + 1).clamp(max=T - 1)
         w = valid[:, lpos].float() * (anchors + s + 1 <= T - 1).float()[None]
-        losses.append((soft_ce(lg, teacher[:, lpos]) * w).sum() / w.sum().clamp(min=1))
-        accs.append(((lg.argmax(-1) == teacher[:, lpos].argmax(-1)).float() * w).sum().item() / max(1.0, w.sum().item()))
+        losses.append((soft_ce(lg, teacher[:, lpos - t0]) * w).sum() / w.sum().clamp(min=1))
+        accs.append(((lg.argmax(-1) == teacher[:, lpos - t0].argmax(-1)).float() * w).sum().item() / max(1.0, w.sum().item()))
     weights = depth_weights(steps)
     loss = sum(wt * l for wt, l in zip(weights, losses)) / sum(weights)
     return loss, accs

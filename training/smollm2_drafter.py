@@ -254,8 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         T = data.shape[1]
         seqs = data[torch.randint(0, len(data), (max(4, args.batch_tokens // T),), generator=g).to(dev)].long()
         anchors = torch.arange(L - 1, T - 2, device=dev)
+        # The teacher from the first generated position on (L - 1): the prompt's own positions weigh nothing,
+        # and a 49k-token head over 1,500 of them would be most of a step.
         with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            aux, logits = eagle3.target_features(target, seqs, next(iter(drafters.values())).cfg.aux_layer_ids)
+            aux, logits = eagle3.target_features(target, seqs, next(iter(drafters.values())).cfg.aux_layer_ids, logits_from=L - 1)
             teacher = torch.softmax(logits.float(), dim=-1)
         del logits
         valid = valid_mask(seqs, L, stops)
@@ -267,9 +269,10 @@ def main(argv: list[str] | None = None) -> int:
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 if d.cfg.parallel_slots:
                     loss, accs = eagle3.parallel_loss(d, embed, head, seqs, aux.float(), teacher, valid, anchors,
-                                                      served_weight=sw, served_k=5, chain_condition=cc)
+                                                      served_weight=sw, served_k=5, chain_condition=cc, teacher_from=L - 1)
                 else:
-                    loss, accs = eagle3.autoregressive_loss(d, embed, head, seqs, aux.float(), teacher, valid, anchors, AR_STEPS)
+                    loss, accs = eagle3.autoregressive_loss(d, embed, head, seqs, aux.float(), teacher, valid, anchors, AR_STEPS,
+                                                            teacher_from=L - 1)
             opts[name].zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(d.parameters(), 1.0)
