@@ -30,8 +30,8 @@ def version() -> str | None:
 
 
 def run(gguf: Path, prompts: list[dict], max_tokens: int, res: Any, threads: int | None = None) -> None:
-    """Serve ``prompts`` one at a time and add TTFT and decode time to ``res``
-    (bench.speculation.ConfigResult's fields)."""
+    """Serve ``prompts`` one at a time and add each one's timing to ``res``
+    (a bench.speculation.ConfigResult)."""
     try:
         from llama_cpp import Llama
     except ImportError:
@@ -48,14 +48,7 @@ def run(gguf: Path, prompts: list[dict], max_tokens: int, res: Any, threads: int
                 last = time.perf_counter()
                 first = first or last
                 n += 1
-            if i == 0:
-                continue
-            res.requests += 1
-            res.tokens += n
-            if first is not None:
-                res.ttft.append(first - t0)
-            if n >= 2:
-                res.decode_seconds += last - first
-                res.decode_tokens += n - 1
+            if i > 0:
+                res.add_request(t0, first, last, n)
     finally:
         llm.close()

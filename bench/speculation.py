@@ -47,6 +47,16 @@ class ConfigResult:
     accepted_per_position: list[int] = field(default_factory=list)
     engine_start_s: list[float] = field(default_factory=list)
 
+    def add_request(self, t0: float, first: float | None, last: float | None, tokens: int) -> None:
+        """One request's timing: sent at t0, first and last token times, tokens streamed."""
+        self.requests += 1
+        self.tokens += tokens
+        if first is not None:
+            self.ttft.append(first - t0)
+        if tokens >= 2 and last is not None and first is not None:
+            self.decode_seconds += last - first
+            self.decode_tokens += tokens - 1
+
     @property
     def tpot_ms(self) -> float:
         return 1000 * self.decode_seconds / max(1, self.decode_tokens)
@@ -90,13 +100,7 @@ async def run_config(cfg, spec: SpecConfig, prompts: list[dict], max_tokens: int
                     n += len(c.token_ids)
                 if c.finish_reason is not None:
                     metrics = c.spec_decode_metrics
-            res.requests += 1
-            res.tokens += n
-            if first is not None:
-                res.ttft.append(first - t0)
-            if n >= 2:
-                res.decode_seconds += last - first
-                res.decode_tokens += n - 1
+            res.add_request(t0, first, last, n)
             if metrics is not None:
                 hist = list(metrics.histogram)
                 res.drafts += sum(hist)

@@ -41,6 +41,7 @@ import torch
 
 from quickdraft.prompt_format import DRAFT_SLOT, FIM_MIDDLE, STOP_TOKENS
 from training import eagle3
+from training.smollm2_fim import add_text_args
 
 # name: (parallel slots, layers, served_weight, chain_condition)
 ROLES: dict[str, tuple[int, int, float, float]] = {
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, help="small results here as they appear ($OUT on the device)")
     ap.add_argument("--roles", default=",".join(ROLES))
     ap.add_argument("--seconds", type=float, default=300, help="training wall-clock budget")
+    ap.add_argument("--max-steps", type=int, help="stop after this many steps (the lr schedule then follows steps)")
     ap.add_argument("--lengths", default="256,512,1024,1536", help="prompt lengths (tokens) the buckets are trimmed to")
     ap.add_argument("--prompts-per-length", type=int, default=8192)
     ap.add_argument("--gen-tokens", type=int, default=64, help="continuation length (the benchmarks' max_tokens)")
@@ -147,13 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-seconds", type=float, default=90, help="time for generating continuations")
     ap.add_argument("--batch-tokens", type=int, default=24000)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--ctx-seconds", type=float, default=40, help="time for building context samples")
-    ap.add_argument("--budget-tokens", type=int, default=1536)
-    ap.add_argument("--old-chars", type=int, default=20_000_000)
     ap.add_argument("--eval-prompts", type=int, default=64, help="bench/data/heldout_prompts.jsonl, as the server tokenizes them")
-    ap.add_argument("--site-packages", type=Path, help="collect the corpus from this folder only (no stdlib)")
-    ap.add_argument("--workers", type=int, default=0)
-    ap.add_argument("--seed", type=int, default=0)
+    add_text_args(ap, ctx_seconds=40, old_chars=20_000_000)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on a CPU; without --target a tiny random target")
     args = ap.parse_args(argv)
 
@@ -179,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         lengths, args.gen_tokens, args.batch_tokens = [32, 64], 12, 1024
         args.prompts_per_length, args.eval_prompts = 24, 4
+        args.seconds, args.max_steps = 600, args.max_steps or 30
         args.ctx_seconds, args.old_chars, args.budget_tokens = min(args.ctx_seconds, 20), min(args.old_chars, 300_000), 96
     random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -246,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(args.seed + 11)
     ls = sorted(train)
     t0, step = time.time(), 0
-    seconds = 20 if args.smoke else args.seconds
-    while time.time() - t0 < seconds:
-        frac = (time.time() - t0) / seconds
+    seconds = args.seconds
+    while time.time() - t0 < seconds and step < (args.max_steps or step + 1):
+        frac = step / args.max_steps if args.max_steps else (time.time() - t0) / seconds
         L = ls[step % len(ls)]
         data = train[L]
         T = data.shape[1]

@@ -438,6 +438,16 @@ def tiny_base(texts: list[str], out: Path, vocab: int = 512, seed: int = 0) -> P
 # --- the run ---------------------------------------------------------------------------
 
 
+def add_text_args(ap: argparse.ArgumentParser, *, ctx_seconds: float, old_chars: int) -> None:
+    """The options ``texts`` reads (and --smoke, which the caller adds)."""
+    ap.add_argument("--budget-tokens", type=int, default=1536, help="the bridge's prompt budget when building context samples")
+    ap.add_argument("--ctx-seconds", type=float, default=ctx_seconds, help="time for building context samples")
+    ap.add_argument("--old-chars", type=int, default=old_chars, help="characters of the old mix (FIM, repository, plain)")
+    ap.add_argument("--site-packages", type=Path, help="collect the corpus from this folder only (no stdlib)")
+    ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+
+
 def texts(args: argparse.Namespace, summary: dict[str, Any]) -> tuple[list[str], list[str], list[str], list[str]]:
     """(train old mix, train context samples, held-out old mix, held-out context samples) for ``main``'s arguments."""
     from training import context_samples
@@ -476,13 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=2048, help="packed row length (the preset's window)")
     ap.add_argument("--prompt-loss-weight", type=float, default=0.0,
                     help="loss weight of targets inside FIM prompts (LossTargets); 1.0 counts every token alike")
-    ap.add_argument("--budget-tokens", type=int, default=1536, help="the bridge's prompt budget when building context samples")
-    ap.add_argument("--ctx-seconds", type=float, default=60, help="time for building context samples")
+    add_text_args(ap, ctx_seconds=60, old_chars=60_000_000)
     ap.add_argument("--ctx-share", type=float, default=0.5)
-    ap.add_argument("--old-chars", type=int, default=60_000_000, help="characters of the old mix (FIM, repository, plain)")
-    ap.add_argument("--site-packages", type=Path, help="collect the corpus from this folder only (no stdlib)")
-    ap.add_argument("--workers", type=int, default=0)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on a CPU; without --base a random 2-layer stand-in base")
     ap.add_argument("--stop-after", type=float,
                     help="end this call's training after this many seconds (the schedule still spans --seconds) and save "
