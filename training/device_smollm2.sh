@@ -58,12 +58,24 @@ case "${1:-}" in
 pack)
   PY=${PY:-.venv/bin/python}
   gguf=$($PY -c 'from quickdraft.server import model_cache as m; print(m.locate_gguf(m.SMOLLM2_135M))')
-  PART_MIB=${PART_MIB:-$((60 - $(tree_mib) - 4))}
+  # A part holds PART_MIB beside the tree (the 64-MiB count goes by 4-KiB blocks: 2 MiB kept spare); part0 less
+  # by the wheels (~3 MiB); the last part is the remainder, small enough to travel with a delta (`drafters`).
+  PART_MIB=${PART_MIB:-$((62 - $(tree_mib)))}
   rm -rf "$DIR" && mkdir -p "$DIR/part0/wheels"
   $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 \
       --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d "$DIR/part0/wheels" "${WHEELS[@]}"
-  split -b "${PART_MIB}M" -d -a 1 "$gguf" "$DIR/gguf."
-  for f in "$DIR"/gguf.*; do n=${f##*.}; mkdir -p "$DIR/part$n"; mv "$f" "$DIR/part$n/"; done
+  python3 - "$gguf" "$DIR" "$PART_MIB" <<'PY'
+import os, sys
+src, out, part = sys.argv[1], sys.argv[2], int(sys.argv[3]) << 20
+wheels = sum(os.path.getsize(os.path.join(out, "part0", "wheels", w)) for w in os.listdir(os.path.join(out, "part0", "wheels")))
+with open(src, "rb") as f:
+    i, size = 0, part - wheels
+    while chunk := f.read(size):
+        os.makedirs(f"{out}/part{i}", exist_ok=True)
+        with open(f"{out}/part{i}/gguf.{i}", "wb") as g:
+            g.write(chunk)
+        i, size = i + 1, part
+PY
   du -sh "$DIR"/part*; echo "parts: $(ls -d "$DIR"/part* | wc -l)"; echo "tree: $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) bytes tracked"
   ;;
 have)
