@@ -105,10 +105,9 @@ def stop_token_ids(target: str) -> list[int]:
     """The ids quickdraft's engine stops on (prompt_format.STOP_TOKENS), for the peer's requests."""
     from transformers import AutoTokenizer
 
-    from quickdraft.prompt_format import STOP_TOKENS
+    from quickdraft import prompt_format
 
-    vocab = AutoTokenizer.from_pretrained(target).get_vocab()
-    return [vocab[t] for t in STOP_TOKENS if t in vocab]
+    return prompt_format.stop_token_ids(AutoTokenizer.from_pretrained(target).get_vocab())
 
 
 async def measure_config(conf: SweepConfig, spec: SweepSpec, workload: Workload, log_dir: Path, progress: Callable, note: Callable[[str], None]) -> dict:

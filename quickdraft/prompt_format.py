@@ -23,7 +23,7 @@ header (or alone, when there is no repository context): the model continues it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 ENDOFTEXT = "<|endoftext|>"
 FIM_PREFIX = "<|fim_prefix|>"
@@ -54,6 +54,11 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 # Tokens after which a completion is over, on top of the tokenizer's EOS: the
 # model moving on to another file or another FIM segment.
 STOP_TOKENS: tuple[str, ...] = (ENDOFTEXT, FIM_PAD, FILE_SEP, REPO_NAME, IM_END, FIM_PREFIX, FIM_SUFFIX)
+
+
+def stop_token_ids(vocab: Mapping[str, int]) -> list[int]:
+    """The ids of the STOP_TOKENS a tokenizer's vocabulary has, in STOP_TOKENS' order."""
+    return [vocab[t] for t in STOP_TOKENS if t in vocab]
 
 FORMAT_NAME = "qwen-fim"
 

@@ -301,10 +301,9 @@ class Engine:
             raise EngineError(f"engine failed to start ({self.describe()}): {explain_import_error(e)}") from e
         self.tokenizer = self.llm.get_tokenizer()
         self.prompt_tokens = PromptTokenizer(self.tokenizer)
-        from quickdraft.prompt_format import STOP_TOKENS
+        from quickdraft.prompt_format import stop_token_ids
 
-        vocab = self.tokenizer.get_vocab()
-        self.stop_token_ids = [vocab[t] for t in STOP_TOKENS if t in vocab]
+        self.stop_token_ids = stop_token_ids(self.tokenizer.get_vocab())
         self.start_seconds = time.monotonic() - t0
         self.started_at = time.time()
         log.info("engine ready in %.1f s: %s", self.start_seconds, self.describe())

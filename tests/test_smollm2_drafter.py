@@ -69,15 +69,14 @@ def test_smoke_run_trains_every_drafter_and_measures_them(tmp_path):
     assert set(s["teacher_forced_held_out"]) == set(sd.ROLES)
 
     # The served figure is what a real draft-and-verify decoder gets with the saved weights.
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quickdraft.prompt_format import STOP_TOKENS
+    from quickdraft.prompt_format import stop_token_ids
     from training.reference import speculative_greedy
     from training.served_acceptance import mean_al, prompt_ids
 
     target = AutoModelForCausalLM.from_pretrained(str(out / "tiny-target"), dtype=torch.float32).eval()
-    vocab = sd_vocab(out / "tiny-target")
-    stops = [vocab[t] for t in STOP_TOKENS if t in vocab]
+    stops = stop_token_ids(AutoTokenizer.from_pretrained(str(out / "tiny-target")).get_vocab())
     prompts = prompt_ids(out / "tiny-target", 4)
     for name, parallel in (("p-eagle", True), ("eagle3", False)):
         d = eagle3.Eagle3Drafter.load(out / f"drafter-{name}").eval()
@@ -87,8 +86,3 @@ def test_smoke_run_trains_every_drafter_and_measures_them(tmp_path):
         assert m[5]["served_al"] == mean_al([r.accepted_per_step for r in ref]), name
         assert m[5]["steps"] == sum(len(r.accepted_per_step) for r in ref), name
 
-
-def sd_vocab(path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path)).get_vocab()

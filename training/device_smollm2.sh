@@ -19,6 +19,8 @@
 # Drafters for a delta (training/smollm2_drafter.py): carry the delta's folder beside the last part instead of `train`:
 #   carry [".devcarry/smollm2/partN", ".devcarry/smollm2-fim-run6"]
 #   command: DELTA=.devcarry/smollm2-fim-run6 DRAFT_S=240 bash training/device_smollm2.sh drafters
+#   ($OUT: drafters.tar in pieces, log and summary; here: cat drafters.tar.part-* | tar -x). A run longer than
+#   the call goes on; follow it with calls of `bash training/device_smollm2.sh drafters-wait` (no carry).
 # Back here: copy $OUT/delta/ to quickdraft/models/smollm2-135m-fim/ (a delta over 15 MiB comes in pieces:
 # cat delta.safetensors.part-* > delta.safetensors), pin its SHA-256 and the built
 # weights' in server/model_cache.py MODELS (quickdraft model build smollm2-135m-fim --force prints it).
@@ -100,6 +102,8 @@ resume)
 drafters)
   # Drafters for a FIM delta carried beside the last part (DELTA=its folder, e.g. .devcarry/smollm2-fim-run6):
   # the target is built as the installer would build it, then training/smollm2_drafter.py for DRAFT_S seconds.
+  # The run goes on in its own session, so it may outlive this call: when it is not done after WAIT_S
+  # seconds (540), later calls on the same warm machine, with no carry, follow it with `drafters-wait`.
   mkdir -p "$OUT"
   base
   [ -f "${DELTA:?DELTA=the carried delta folder}/delta.safetensors" ] || cat "$DELTA"/delta.safetensors.part-* > "$DELTA/delta.safetensors"
@@ -107,12 +111,27 @@ drafters)
 from quickdraft.server import model_cache as m
 m.MODELS["fim"] = m.CachedModel("fim", m.SMOLLM2_135M, Path(sys.argv[1]), None, "the carried delta")
 m.build("fim", out=Path("/tmp/target"), gguf=Path("/tmp/smollm2.gguf"), progress=False)' "$DELTA"
-  sha256sum /tmp/target/model.safetensors "$DELTA/delta.safetensors"
-  python3 -m training.smollm2_drafter --target /tmp/target --out /tmp/drafters --results "$OUT" --seconds "${DRAFT_S:-240}" \
-      ${DRAFT_ARGS:-} 2>&1 | tee "$OUT/log.txt" | grep -v '%|' || true
-  for d in /tmp/drafters/drafter-*; do cp -r "$d" "$OUT/"; done
+  sha256sum /tmp/target/model.safetensors "$DELTA/delta.safetensors" | tee /tmp/drafters-sha.txt
+  rm -rf /tmp/drafters-results /tmp/drafters.rc && mkdir -p /tmp/drafters-results
+  setsid nohup bash -c 'python3 -m training.smollm2_drafter --target /tmp/target --out /tmp/drafters --results /tmp/drafters-results \
+      --seconds "${DRAFT_S:-240}" ${DRAFT_ARGS:-} > /tmp/drafters-results/log.txt 2>&1; echo $? > /tmp/drafters.rc' \
+      > /dev/null 2>&1 < /dev/null &
+  bash "$0" drafters-wait ;;
+drafters-wait)
+  # Follows the run for up to WAIT_S seconds; when it has ended, brings its results (drafters.tar in pieces,
+  # log and summary; here: cat drafters.tar.part-* | tar -x).
+  mkdir -p "$OUT"
+  end=$((SECONDS + ${WAIT_S:-540}))
+  while [ ! -f /tmp/drafters.rc ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  [ -f /tmp/drafters-results/log.txt ] || { echo "no drafter run on this machine (given back?)"; exit 1; }
+  grep -v '%|' /tmp/drafters-results/log.txt | tail -40 || true
+  [ -f /tmp/drafters.rc ] || { echo "still running: call drafters-wait again"; exit 0; }
+  echo "drafters exit $(cat /tmp/drafters.rc)"
+  cp -r /tmp/drafters-results/. /tmp/drafters-sha.txt "$OUT"/
+  # One archive: a call brings back only a few files, and a 2-layer drafter is over 16 MiB (deliver splits it).
+  [ -d /tmp/drafters ] && tar -cf "$OUT/drafters.tar" -C /tmp/drafters .
   deliver ;;
 *)
-  echo "usage: $0 pack|smoke|have|train|resume|drafters" >&2; exit 2 ;;
+  echo "usage: $0 pack|smoke|have|train|resume|drafters|drafters-wait" >&2; exit 2 ;;
 esac
 

@@ -59,10 +59,9 @@ def stop_ids(target_dir: Path) -> list[int]:
         return sorted(eos if isinstance(eos, list) else [eos])
     from transformers import AutoTokenizer
 
-    from quickdraft.prompt_format import STOP_TOKENS
+    from quickdraft.prompt_format import stop_token_ids
 
-    vocab = AutoTokenizer.from_pretrained(str(target_dir)).get_vocab()
-    return sorted(vocab[t] for t in STOP_TOKENS if t in vocab)
+    return sorted(stop_token_ids(AutoTokenizer.from_pretrained(str(target_dir)).get_vocab()))
 
 
 def prompt_ids(target_dir: Path, n: int, path: Path = PROMPTS, prefix_chars: int = 1500, suffix_chars: int = 500,

@@ -1,12 +1,13 @@
 """Drafters for the SmolLM2-135M FIM target (issue 27), from fresh weights, on a GPU.
 
-Three drafters train together on the same batches (one target forward a step):
+The drafters train together on the same batches (one target forward a step):
 
 - ``p-eagle``: parallel drafting (7 slots: K up to 8), every anchor alike;
 - ``p-eagle-served``: the same with the served-matched loss (``parallel_loss``
   ``served_weight=1, chain_condition=1``): a served decoder drafts mostly right
   after a rejected draft and reads slot k only where drafts 1..k-1 were
   accepted (docs/vllm-notes.md, "Teacher-forced vs served");
+- ``p-eagle-1l``: ``p-eagle`` with one layer, half the size;
 - ``eagle3``: autoregressive drafting, seven unrolled passes.
 
 Prompts are the ones the bridge sends: context samples built by the bridge's
@@ -39,7 +40,7 @@ from typing import Any
 
 import torch
 
-from quickdraft.prompt_format import DRAFT_SLOT, FIM_MIDDLE, STOP_TOKENS
+from quickdraft.prompt_format import DRAFT_SLOT, FIM_MIDDLE, stop_token_ids
 from training import eagle3
 from training.smollm2_fim import add_text_args
 
@@ -47,6 +48,7 @@ from training.smollm2_fim import add_text_args
 ROLES: dict[str, tuple[int, int, float, float]] = {
     "p-eagle": (7, 2, 0.0, 0.0),
     "p-eagle-served": (7, 2, 1.0, 1.0),
+    "p-eagle-1l": (7, 1, 0.0, 0.0),  # half the size: what shipping within the issue's 40 MB may need
     "eagle3": (0, 1, 0.0, 0.0),
 }
 AR_STEPS = 7
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=Path, help="the merged FIM target's folder (quickdraft model build)")
     ap.add_argument("--out", type=Path, required=True, help="writes OUT/drafter-<role>/ for each role")
     ap.add_argument("--results", type=Path, help="small results here as they appear ($OUT on the device)")
-    ap.add_argument("--roles", default=",".join(ROLES))
+    ap.add_argument("--roles", default=",".join(ROLES), help="a comma list of these (default: all)")
     ap.add_argument("--seconds", type=float, default=300, help="training wall-clock budget")
     ap.add_argument("--max-steps", type=int, help="stop after this many steps (the lr schedule then follows steps)")
     ap.add_argument("--lengths", default="256,512,1024,1536", help="prompt lengths (tokens) the buckets are trimmed to")
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     add_text_args(ap, ctx_seconds=40, old_chars=20_000_000)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on a CPU; without --target a tiny random target")
     args = ap.parse_args(argv)
+    if unknown := set(args.roles.split(",")) - set(ROLES):
+        ap.error(f"--roles: unknown {', '.join(sorted(unknown))}; choose from {', '.join(ROLES)}")
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -191,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in target.parameters():
         p.requires_grad_(False)
     vocab = tok.get_vocab()
-    stops = [vocab[t] for t in STOP_TOKENS if t in vocab]
+    stops = stop_token_ids(vocab)
     if DRAFT_SLOT not in vocab:
         ap.error(f"{target_dir}: the tokenizer has no {DRAFT_SLOT} (a FIM target built with the delta has)")
 
@@ -244,9 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(args.seed + 11)
     ls = sorted(train)
     t0, step = time.time(), 0
-    seconds = args.seconds
-    while time.time() - t0 < seconds and step < (args.max_steps or step + 1):
-        frac = step / args.max_steps if args.max_steps else (time.time() - t0) / seconds
+    while time.time() - t0 < args.seconds and (args.max_steps is None or step < args.max_steps):
+        frac = step / args.max_steps if args.max_steps else (time.time() - t0) / args.seconds
         L = ls[step % len(ls)]
         data = train[L]
         T = data.shape[1]

@@ -50,8 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quickdraft.prompt_format import (DRAFT_SLOT, ENDOFTEXT, FILE_SEP, FIM_MIDDLE, FIM_PAD, FIM_PREFIX, FIM_SUFFIX, REPO_NAME, STOP_TOKENS,
-                                      CodeContext, render)
+from quickdraft.prompt_format import (DRAFT_SLOT, ENDOFTEXT, FILE_SEP, FIM_MIDDLE, FIM_PAD, FIM_PREFIX, FIM_SUFFIX, REPO_NAME,
+                                      CodeContext, render, stop_token_ids)
 from training.context_samples import ensure_bridge
 
 ensure_bridge()  # quickdraft.server from a plain checkout (PYTHONPATH=repo root), as on the GPU machine
@@ -397,7 +397,7 @@ def answers(model: nn.Module, tokenizer: Any, dev: torch.device, new_tokens: int
     with the first token's top three: an empty answer shows which stop token came first."""
     from training.target import greedy_generate
 
-    stops = {tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS if t in tokenizer.get_vocab()}
+    stops = set(stop_token_ids(tokenizer.get_vocab()))
     out = {}
     for name, ctx in answer_cases().items():
         ids = encode(tokenizer, [render(ctx)])[0]
