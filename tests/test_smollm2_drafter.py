@@ -86,3 +86,22 @@ def test_smoke_run_trains_every_drafter_and_measures_them(tmp_path):
         assert m[5]["served_al"] == mean_al([r.accepted_per_step for r in ref]), name
         assert m[5]["steps"] == sum(len(r.accepted_per_step) for r in ref), name
 
+
+
+@pytest.mark.slow
+def test_prompt_anchors_train_on_the_prompt_too(tmp_path):
+    """--prompt-anchors: every prompt position's next token and random prompt anchors
+    join the generated ones, so a step supervises far more positions."""
+    pytest.importorskip("tree_sitter_python")
+    from tests.test_smollm2_fim import _fake_site_packages
+
+    site = _fake_site_packages(tmp_path / "lib" / "site-packages")
+    out = tmp_path / "run"
+    assert sd.main(["--smoke", "--site-packages", str(site), "--out", str(out), "--workers", "1", "--max-steps", "2",
+                    "--roles", "p-eagle-1l,eagle3", "--prompt-anchors", "8"]) == 0
+    s = json.loads((out / "smollm2_drafter_summary.json").read_text())
+    assert s["steps"] == 2 and set(s["teacher_forced_held_out"]) == {"p-eagle-1l", "eagle3"}
+    first = json.loads((out / "smollm2_drafter_log.jsonl").read_text().splitlines()[1])
+    assert first["step"] == 1 and all(0 < first[r]["loss"] < 100 for r in ("p-eagle-1l", "eagle3")), first
+    with pytest.raises(SystemExit):
+        sd.main(["--smoke", "--out", str(out), "--roles", "p-eagle,medusa"])

@@ -150,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-batch", type=int, default=256)
     ap.add_argument("--gen-seconds", type=float, default=90, help="time for generating continuations")
     ap.add_argument("--batch-tokens", type=int, default=24000)
+    ap.add_argument("--prompt-anchors", type=int, default=0,
+                    help="also train on the prompt: every prompt position's next token (the target's distribution "
+                         "over real code) and this many random prompt anchors a step for the slot chains; "
+                         "0: only the generated continuation, as served")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--eval-prompts", type=int, default=64, help="bench/data/heldout_prompts.jsonl, as the server tokenizes them")
     add_text_args(ap, ctx_seconds=40, old_chars=20_000_000)
@@ -255,13 +259,19 @@ def main(argv: list[str] | None = None) -> int:
         T = data.shape[1]
         seqs = data[torch.randint(0, len(data), (max(4, args.batch_tokens // T),), generator=g).to(dev)].long()
         anchors = torch.arange(L - 1, T - 2, device=dev)
-        # The teacher from the first generated position on (L - 1): the prompt's own positions weigh nothing,
-        # and a 49k-token head over 1,500 of them would be most of a step.
+        # Without prompt anchors the teacher starts at the first generated position (L - 1): the prompt's own
+        # positions weigh nothing, and a 49k-token head over 1,500 of them would be most of a step.
+        tf = L - 1
+        valid = valid_mask(seqs, L, stops)
+        if args.prompt_anchors:
+            tf = 0
+            valid[:, : L - 1] = True
+            picked = torch.randperm(L - 1, generator=g)[: args.prompt_anchors].sort().values.to(dev)
+            anchors = torch.cat([picked, anchors])
         with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            aux, logits = eagle3.target_features(target, seqs, next(iter(drafters.values())).cfg.aux_layer_ids, logits_from=L - 1)
+            aux, logits = eagle3.target_features(target, seqs, next(iter(drafters.values())).cfg.aux_layer_ids, logits_from=tf)
             teacher = torch.softmax(logits.float(), dim=-1)
         del logits
-        valid = valid_mask(seqs, L, stops)
         rec: dict[str, Any] = {"step": step + 1, "prompt_len": L}
         for name, d in drafters.items():
             _, _, sw, cc = ROLES[name]
@@ -270,10 +280,10 @@ def main(argv: list[str] | None = None) -> int:
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 if d.cfg.parallel_slots:
                     loss, accs = eagle3.parallel_loss(d, embed, head, seqs, aux.float(), teacher, valid, anchors,
-                                                      served_weight=sw, served_k=5, chain_condition=cc, teacher_from=L - 1)
+                                                      served_weight=sw, served_k=5, chain_condition=cc, teacher_from=tf)
                 else:
                     loss, accs = eagle3.autoregressive_loss(d, embed, head, seqs, aux.float(), teacher, valid, anchors, AR_STEPS,
-                                                            teacher_from=L - 1)
+                                                            teacher_from=tf)
             opts[name].zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(d.parameters(), 1.0)
