@@ -62,10 +62,20 @@ def test_line_hole_matches_the_benchmark_cut():
 @pytest.mark.parametrize("seed", range(20))
 def test_holes_cut_the_file(seed):
     rng = random.Random(seed)
-    hole = cs.pick_hole(MAIN, rng)
+    hole = cs.cut_hole(MAIN, rng)
     assert hole is not None
     assert hole.doc[: hole.cursor] == MAIN[: hole.start]
     assert hole.doc[hole.cursor :] == MAIN[hole.end :]
+
+
+def test_some_holes_end_the_file_at_the_cursor():
+    rng = random.Random(0)
+    holes = [h for h in (cs.pick_hole(MAIN, rng) for _ in range(400)) if h is not None]
+    eof = [h for h in holes if h.cursor == len(h.doc)]
+    assert 0.08 < len(eof) / len(holes) < 0.25, len(eof)
+    for h in holes:
+        assert h.doc[: h.cursor] == MAIN[: h.start] and MAIN[h.start : h.end]
+        assert h.doc[h.cursor :] in ("", MAIN[h.end :])
 
 
 def test_definition_from_an_imported_file_and_the_blank_line_rewrite(package):
@@ -102,4 +112,7 @@ def test_build_renders_samples_whose_middle_fits_the_file(package):
         head, prefix, suffix, middle = _parts(sample)
         assert head.startswith(REPO_NAME + "pkg\n")
         original = MAIN if "pkg/main.py\n" + FIM_PREFIX in sample.replace(FILE_SEP, "") else UTIL
-        assert prefix + middle + suffix == original  # small files: nothing trimmed
+        if suffix:
+            assert prefix + middle + suffix == original  # small files: nothing trimmed
+        else:  # a hole at the end of what is written so far
+            assert original.startswith(prefix + middle)

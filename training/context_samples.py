@@ -39,6 +39,10 @@ RATIO_RANGE = (2.6, 3.6)
 OPEN_NEIGHBOURS = 4  # bench/fim_quality.py --open-neighbours
 MAX_FILE_BYTES = 200_000
 HOLES_PER_FILE = 3
+EOF_SHARE = 0.15
+"""Holes at the end of what is written so far: nothing after the cursor (a
+function being written at the bottom of a file, the README's fibonacci).
+Without them every prompt has a suffix and an empty one reads as "stop"."""
 _COMMENT_STARTS = ("#", "//", "/*", "*", '"""', "'''")
 
 
@@ -79,7 +83,16 @@ def line_hole(text: str, first: int, removed: int) -> Hole:
 
 
 def pick_hole(text: str, rng: random.Random) -> Hole | None:
-    """A hole as an editor sees it. Mostly (3/4) whole lines removed with the
+    """A hole as an editor sees it: ``cut_hole``'s, and in ``EOF_SHARE`` of them
+    the file ends at the cursor (nothing written after it yet)."""
+    hole = cut_hole(text, rng)
+    if hole is not None and rng.random() < EOF_SHARE:
+        return Hole(hole.doc[: hole.cursor], hole.cursor, hole.start, hole.end)
+    return hole
+
+
+def cut_hole(text: str, rng: random.Random) -> Hole | None:
+    """A hole in the middle of a file. Mostly (3/4) whole lines removed with the
     cursor left on the emptied line after its indentation, as in
     bench/fim_quality.py; otherwise the rest of a line (sometimes more lines)
     after a cursor inside it."""
