@@ -98,10 +98,11 @@ def test_prompt_anchors_train_on_the_prompt_too(tmp_path):
     site = _fake_site_packages(tmp_path / "lib" / "site-packages")
     out = tmp_path / "run"
     assert sd.main(["--smoke", "--site-packages", str(site), "--out", str(out), "--workers", "1", "--max-steps", "2",
-                    "--roles", "p-eagle-1l,eagle3", "--prompt-anchors", "8"]) == 0
+                    "--roles", "p-eagle-1l,p-eagle-served,eagle3", "--prompt-anchors", "8"]) == 0
+    roles = ("p-eagle-1l", "p-eagle-served", "eagle3")
     s = json.loads((out / "smollm2_drafter_summary.json").read_text())
-    assert s["steps"] == 2 and set(s["teacher_forced_held_out"]) == {"p-eagle-1l", "eagle3"}
+    assert s["steps"] == 2 and set(s["teacher_forced_held_out"]) == set(roles)
     first = json.loads((out / "smollm2_drafter_log.jsonl").read_text().splitlines()[1])
-    assert first["step"] == 1 and all(0 < first[r]["loss"] < 100 for r in ("p-eagle-1l", "eagle3")), first
+    assert first["step"] == 1 and all(0 < first[r]["loss"] < 100 for r in roles), first
     with pytest.raises(SystemExit):
         sd.main(["--smoke", "--out", str(out), "--roles", "p-eagle,medusa"])

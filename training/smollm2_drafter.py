@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         data = train[L]
         T = data.shape[1]
         seqs = data[torch.randint(0, len(data), (max(4, args.batch_tokens // T),), generator=g).to(dev)].long()
-        anchors = torch.arange(L - 1, T - 2, device=dev)
+        anchors = gen_anchors = torch.arange(L - 1, T - 2, device=dev)
         # Without prompt anchors the teacher starts at the first generated position (L - 1): the prompt's own
         # positions weigh nothing, and a 49k-token head over 1,500 of them would be most of a step.
         tf = L - 1
@@ -279,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                 group["lr"] = cosine_lr(frac, args.lr)
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 if d.cfg.parallel_slots:
-                    loss, accs = eagle3.parallel_loss(d, embed, head, seqs, aux.float(), teacher, valid, anchors,
+                    # The served-matched weights follow a decoder along consecutive anchors: the continuation's only.
+                    own = gen_anchors if sw or cc else anchors
+                    loss, accs = eagle3.parallel_loss(d, embed, head, seqs, aux.float(), teacher, valid, own,
                                                       served_weight=sw, served_k=5, chain_condition=cc, teacher_from=tf)
                 else:
                     loss, accs = eagle3.autoregressive_loss(d, embed, head, seqs, aux.float(), teacher, valid, anchors, AR_STEPS,
