@@ -15,12 +15,19 @@ a live engine runs each setting as fast as an engine built for it.
 3. Each ``--static`` setting then gets an engine built for it alone (a plain
    engine for ``off``: no drafter), as ``vllm serve`` would run it, at the same
    concurrency levels: the live/static TPOT ratio says what live switching costs.
+4. ``--after-switch A,B,...``: streams decode without pause while the engine
+   switches to the next of those settings every ``--after-switch-period``
+   seconds; TPOT in bins of time since the switch, per transition, over the
+   last bin's: what the steps right after a switch cost (the requests in
+   flight when drafting resumes after ``off`` draft from holes in the
+   drafter's KV cache, for one).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import statistics
 import sys
@@ -58,21 +65,26 @@ def prompt_ids(engine: Engine, n: int, prompt_tokens: int = 400) -> list[list[in
     return [tok(r["prefix"][-3000:])["input_ids"][-prompt_tokens:] for r in rows]
 
 
-async def one_request(engine: Engine, ids: list[int], rid: str, max_tokens: int) -> tuple[float, float, int]:
-    """(TTFT s, decode s, decode tokens) of one greedy request."""
+async def outputs(engine: Engine, ids: list[int], rid: str, max_tokens: int):
+    """(arrival time, tokens) of each output of one greedy request."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    async for out in engine.generate(rid, ids, sampling):
+        yield time.perf_counter(), len(out.outputs[0].token_ids)
+
+
+async def one_request(engine: Engine, ids: list[int], rid: str, max_tokens: int) -> tuple[float, float, int]:
+    """(TTFT s, decode s, decode tokens) of one greedy request."""
     t0 = time.perf_counter()
     first = last = None
     n = 0
-    async for out in engine.generate(rid, ids, sampling):
-        now = time.perf_counter()
+    async for now, tokens in outputs(engine, ids, rid, max_tokens):
         if first is None:
             first = now
         last = now
-        n += len(out.outputs[0].token_ids)
+        n += tokens
     assert first is not None and last is not None
     return first - t0, last - first, max(0, n - 1)
 
@@ -131,6 +143,60 @@ async def switch_latency(engine: Engine, configs: list[SpecConfig], prompts: lis
     }
 
 
+AFTER_SWITCH_BINS_S = (0.1, 0.25, 0.5)
+"""Upper edges of the bins of time since a switch; the last bin runs to the next switch."""
+
+
+async def after_switch(engine: Engine, cycle: list[SpecConfig], prompts: list[list[int]], concurrency: int,
+                       period_s: float, switches: int, max_tokens: int) -> dict:
+    """TPOT by time since a live switch, per transition, while ``concurrency``
+    streams decode without pause and the engine moves along ``cycle`` every ``period_s``."""
+    done = asyncio.Event()
+    gaps: list[tuple[float, int, float]] = []  # (arrival, tokens, time since the stream's previous output)
+
+    async def stream(s: int) -> None:
+        i = 0
+        while not done.is_set():
+            last = None
+            async for now, tokens in outputs(engine, prompts[(s + i) % len(prompts)], f"as-{s}-{i}", max_tokens):
+                if last is not None:
+                    gaps.append((now, tokens, now - last))
+                last = now
+            i += 1
+
+    streams = [asyncio.create_task(stream(s)) for s in range(concurrency)]
+    await engine.switch(cycle[-1])
+    await asyncio.sleep(1.0)
+    marks: list[tuple[float, str]] = []  # (when the switch returned, "A -> B")
+    for i in range(switches):
+        before, spec = cycle[(i - 1) % len(cycle)], cycle[i % len(cycle)]
+        await engine.switch(spec)
+        marks.append((time.perf_counter(), f"{before.label()} -> {spec.label()}"))
+        await asyncio.sleep(period_s)
+    end = time.perf_counter()
+    done.set()
+    await asyncio.gather(*streams)
+    edges = (*AFTER_SWITCH_BINS_S, period_s)
+    sums: dict[str, list[list[float]]] = {}
+    for t, tokens, gap in gaps:
+        j = bisect.bisect_right([m[0] for m in marks], t) - 1
+        if j < 0 or t > end:
+            continue
+        since = t - marks[j][0]
+        b = next((k for k, e in enumerate(edges) if since < e), len(edges) - 1)
+        cell = sums.setdefault(marks[j][1], [[0.0, 0] for _ in edges])[b]
+        cell[0] += gap
+        cell[1] += tokens
+    by = {}
+    for key, cells in sums.items():
+        tpot = [1e3 * g / n if n else None for g, n in cells]
+        steady = tpot[-1]
+        by[key] = {"tpot_ms": [None if x is None else round(x, 3) for x in tpot], "tokens": [n for _, n in cells],
+                   "vs_steady": [None if x is None or not steady else round(x / steady, 3) for x in tpot]}
+    return {"concurrency": concurrency, "period_s": period_s, "switches": switches,
+            "bins_s": [f"{lo}-{hi}" for lo, hi in zip((0.0, *edges[:-1]), edges)], "by_transition": by}
+
+
 async def measure(cfg: QuickdraftConfig, args: argparse.Namespace) -> dict:
     wanted = [SpecConfig.parse(t) for t in args.configs.split(",") if t.strip()]
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -157,10 +223,20 @@ async def measure(cfg: QuickdraftConfig, args: argparse.Namespace) -> dict:
                     await run_level(engine, by_label[spec.label()], prompts, args.requests, args.max_tokens, f"r{r}c{c}")
                 print(f"live c={c} round {r + 1}/{args.rounds}: " + ", ".join(
                     f"{lv.label} {lv.tpot_ms:.2f}" for lv in by_label.values()), flush=True)
-            result["levels"] += [asdict(lv) | {"tpot_ms": round(lv.tpot_ms, 3)} for lv in by_label.values()]
+            result["levels"] += [asdict(lv) | {"tpot_ms": round(lv.tpot_ms, 3)} for lv in by_label.values() if lv.decode_tokens]
         if args.switches:
             result["switch_latency"] = await switch_latency(engine, runnable, prompts, max(levels), args.switches, args.max_tokens)
             print("switch latency:", result["switch_latency"], flush=True)
+        if args.after_switch:
+            cycle = [SpecConfig.parse(t) for t in args.after_switch.split(",") if t.strip()]
+            if refused := [c.label() for c in cycle if not engine.can_switch_to(c)]:
+                raise SystemExit(f"--after-switch: this live engine cannot run {', '.join(refused)}")
+            result["after_switch"] = []
+            for c in levels:
+                res = await after_switch(engine, cycle, prompts, c, args.after_switch_period, args.after_switch_count,
+                                         args.after_switch_tokens)
+                result["after_switch"].append(res)
+                print(f"after a switch, c={c}:", json.dumps(res["by_transition"]), flush=True)
     finally:
         await asyncio.to_thread(engine.shutdown)
     for text in [t for t in args.static.split(",") if t.strip()]:
@@ -205,6 +281,14 @@ def table(result: dict) -> str:
         lines.append(f"Switch latency under {sw['concurrency']} streams, {sw['switches']} switches: p50 {sw['p50_ms']} ms, "
                      f"p99 {sw['p99_ms']} ms, max {sw['max_ms']} ms; TPOT meanwhile {sw['step_ms_meanwhile']} ms; "
                      f"engine steps that ended while a switch was on its way (count of switches): {sw['steps_elapsed']}.")
+    for res in result.get("after_switch", []):
+        lines += ["", f"After a switch, {res['concurrency']} streams, {res['switches']} switches every {res['period_s']} s: "
+                  "TPOT ms by seconds since the switch (over the last bin's)", "",
+                  "| transition | " + " | ".join(res["bins_s"]) + " |", "|---|" + "---:|" * len(res["bins_s"])]
+        for key, v in res["by_transition"].items():
+            cells = ["-" if t is None else f"{t:.2f} ({r:.2f}x)" if r is not None else f"{t:.2f}"
+                     for t, r in zip(v["tpot_ms"], v["vs_steady"])]
+            lines.append(f"| {key} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -214,10 +298,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default=DEFAULT_CONFIGS, help="settings to run live, comma-separated")
     p.add_argument("--concurrency", default="1,8")
     p.add_argument("--requests", type=int, default=16, help="requests per setting, level and round")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="0: part 1 only warms each setting up")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--switches", type=int, default=300)
     p.add_argument("--static", default="parallel K=5,off", help="settings to also run on engines built for them alone")
+    p.add_argument("--after-switch", default="", metavar="A,B,...",
+                   help="settings to cycle through while streams decode, to measure TPOT by time since a switch")
+    p.add_argument("--after-switch-period", type=float, default=1.0, help="seconds between those switches")
+    p.add_argument("--after-switch-count", type=int, default=40, help="switches per concurrency level")
+    p.add_argument("--after-switch-tokens", type=int, default=256, help="max tokens of the decoding streams' requests")
     p.add_argument("--json", help="write the results here")
 
 

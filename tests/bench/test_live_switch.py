@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from types import SimpleNamespace
 
 from quickdraft.bench import live_switch
 from quickdraft.server.speculative import SpecConfig
@@ -41,3 +43,35 @@ def test_table_puts_live_beside_static():
     text = live_switch.table(result)
     assert "c=1: 1.500, c=8: 1.000" in text
     assert "p50 1.0 ms" in text
+
+
+class TransientEngine(FakeEngine):
+    """One token a step; steps right after a switch (``slow_s``) take three times as long."""
+
+    slow_s: float = 0.1
+    slow_until: float = 0.0
+
+    async def generate(self, request_id, prompt_ids, sampling):
+        for _ in range(sampling.max_tokens):
+            await asyncio.sleep(self.step_s * (3.0 if time.perf_counter() < self.slow_until else 1.0))
+            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=[0])])
+
+    async def switch(self, spec: SpecConfig) -> float:
+        self.slow_until = time.perf_counter() + self.slow_s
+        return await super().switch(spec)
+
+
+def test_after_switch_bins_tpot_by_time_since_each_switch():
+    engine = TransientEngine(SpecConfig(True, 3), live=True, step_s=0.005)
+    cycle = [SpecConfig.off(), SpecConfig(True, 3)]
+    out = asyncio.run(live_switch.after_switch(engine, cycle, [[1, 2]] * 2, concurrency=2, period_s=0.6, switches=6,
+                                               max_tokens=50))
+    assert set(out["by_transition"]) == {"parallel K=3 -> off", "off -> parallel K=3"}
+    assert out["bins_s"] == ["0.0-0.1", "0.1-0.25", "0.25-0.5", "0.5-0.6"]
+    for key, v in out["by_transition"].items():
+        first, *middle, steady = v["vs_steady"]
+        assert first > 1.8, (key, v)  # the slow steps land in the first bin
+        assert all(0.7 < r < 1.4 for r in middle), (key, v)
+        assert steady == 1.0 and all(n > 0 for n in v["tokens"])
+    text = live_switch.table({"levels": [], "after_switch": [out]})
+    assert "| off -> parallel K=3 |" in text and "(1.00x)" in text
