@@ -157,6 +157,23 @@ def plain_request(task: Task, root: str, budget: Budget, settings: Settings) -> 
     )
 
 
+def prefix_only_request(task: Task, root: str, budget: Budget, settings: Settings, *, empty_suffix: bool) -> pb.CompleteRequest:
+    """The prefix window alone, as a raw client that knows nothing after the
+    cursor sends it: without a suffix (the prompt format's plain
+    continuation) or with an empty one (fill-in-the-middle at the end of the file)."""
+    prefix, suffix = task.before[-budget.chars:], ""
+    if settings.blank_line_from_line_start:
+        prefix, suffix = from_line_start(prefix, suffix) or (prefix, suffix)
+    return build_request(
+        prefix=prefix,
+        suffix=suffix if empty_suffix else None,
+        language_id=task.language,
+        file_path=os.path.relpath(task.path, root).replace(os.sep, "/"),
+        repo_name=os.path.basename(os.path.abspath(root)),
+        latency_class="inline",
+    )
+
+
 def _single_line(request: pb.CompleteRequest, max_tokens: int) -> pb.CompleteRequest:
     # Same generation settings in both conditions: one line, greedy. The
     # cursor sits on a blank line, so, as in the bridge, no server-side stop:
@@ -206,6 +223,10 @@ async def run(args: argparse.Namespace) -> dict:
         # diagnostic: the bridge's trimming, headers and imports, without repository context
         builders["tree-sitter, file only"] = lambda task, b: tree_sitter_request(
             task, root, files, b, settings, args.open_neighbours, repository_context=False)
+    if args.prefix_only:
+        # diagnostic: what a raw client that sends only the prefix gets, in both of the wire's forms
+        builders["prefix only"] = lambda task, b: prefix_only_request(task, root, b, settings, empty_suffix=False)
+        builders["prefix only, empty suffix"] = lambda task, b: prefix_only_request(task, root, b, settings, empty_suffix=True)
     backends: dict[str, Backend] = {}
     if not args.dry_run:
         # A server just started answers before its engine serves: every task would fail.
@@ -327,6 +348,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dry-run", action="store_true", help="build the prompts, ask no server")
     parser.add_argument("--file-only", action="store_true",
                         help="add a third condition: the bridge's prompt without repository context")
+    parser.add_argument("--prefix-only", action="store_true",
+                        help="add two conditions: the prefix window alone, sent without a suffix and with an empty one")
     parser.add_argument("--blank-line-at-cursor", action="store_true",
                         help="both conditions: send the prompt cut at the cursor, after the blank line's indentation "
                              "(the bridge's blankLineFromLineStart=false) instead of from the line's start")

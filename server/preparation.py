@@ -84,6 +84,7 @@ class PreparedRequest:
 def prepare(req: pb.CompleteRequest, cfg: QuickdraftConfig, tokens: PromptTokenizer) -> PreparedRequest:
     """Check, cut to max_prompt_chars, tokenize on this thread, cut to max_prompt_tokens."""
     check(req, cfg)
+    req = prefix_only(req, cfg)
     req, typed_indent = blank_line_from_line_start(req, cfg)
     req, fit = cut_chars(req, cfg, tokens)
     memo: dict[str, list[int]] = {}
@@ -97,6 +98,7 @@ async def prepare_off_loop(req: pb.CompleteRequest, cfg: QuickdraftConfig, token
     """``prepare`` for the serving path: checks and the cut by characters
     first, then a long prompt is tokenized on the pool, in ``client``'s turn."""
     check(req, cfg)
+    req = prefix_only(req, cfg)
     req, typed_indent = blank_line_from_line_start(req, cfg)
     req, fit = cut_chars(req, cfg, tokens)
     memo: dict[str, list[int]] = {}
@@ -107,6 +109,17 @@ async def prepare_off_loop(req: pb.CompleteRequest, cfg: QuickdraftConfig, token
         chars = max(prompt_chars(req), INLINE_CHARS)
         req, ids = await pool.run(client, chars, functools.partial(fit_tokens, tokens, req, cfg, ids, memo, fit))
     return _prepared(req, cfg, ids, fit, typed_indent)
+
+
+def prefix_only(req: pb.CompleteRequest, cfg: QuickdraftConfig) -> pb.CompleteRequest:
+    """``req`` with an empty suffix where it has none and ``limits.prefix_only``
+    is "fim" (in a fill-in-the-middle format, not a raw prompt); else ``req``."""
+    if cfg.limits.prefix_only != "fim" or req.HasField("suffix") or req.raw_prompt or cfg.preset.prompt_format == "plain":
+        return req
+    out = pb.CompleteRequest()
+    out.CopyFrom(req)
+    out.suffix = ""
+    return out
 
 
 def blank_line_from_line_start(req: pb.CompleteRequest, cfg: QuickdraftConfig) -> tuple[pb.CompleteRequest, str]:

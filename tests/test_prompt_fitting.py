@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from quickdraft.prompt_format import SPECIAL_TOKENS
-from quickdraft.server.config import load_config
+from quickdraft.server.config import ConfigError, load_config
 from quickdraft.server.errors import RequestError
 from quickdraft.server.preparation import prepare
 from quickdraft.server.prompt_tokens import tokenize
@@ -50,10 +50,11 @@ class CharTokens:
         return 1_000_000 + SPECIAL_TOKENS.index(token)
 
 
-def config(max_prompt_tokens: int = 60, max_prompt_chars: int = 1000):
+def config(max_prompt_tokens: int = 60, max_prompt_chars: int = 1000, prefix_only: str = "plain"):
     cfg = load_config(env={})
     cfg.limits.max_prompt_tokens = max_prompt_tokens
     cfg.limits.max_prompt_chars = max_prompt_chars
+    cfg.limits.prefix_only = prefix_only
     return cfg
 
 
@@ -223,6 +224,22 @@ def test_a_whole_file_fills_the_budget_with_whole_lines_on_the_real_tokenizer():
     assert limit * 0.9 <= p.prompt_tokens <= limit
     text = PROMPT_TOKENS.hf.decode(p.prompt_token_ids)
     assert prefix.endswith(text) and prefix[len(prefix) - len(text) - 1] == "\n", "the kept prefix starts on a line start"
+
+
+def test_limits_prefix_only_fim_asks_a_request_without_a_suffix_at_the_end_of_the_file():
+    fim_prefix, fim_suffix, fim_middle = (CharTokens().special(t) for t in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"))
+    req = pb.CompleteRequest(prefix="def f(x):\n    ")
+    fim = prepare(req, config(prefix_only="fim"), CharTokens())
+    assert fim.fim and fim.prompt_token_ids[0] == fim_prefix and fim.prompt_token_ids[-2:] == [fim_suffix, fim_middle]
+    assert fim.typed_indent == "    ", "asked from the blank line's start, as with a suffix"
+    assert prepare(pb.CompleteRequest(prefix="def f(x):\n    ", suffix=""), config(), CharTokens()).prompt_token_ids \
+        == fim.prompt_token_ids, "the same as a client's empty suffix"
+    plain = prepare(req, config(), CharTokens())  # the default
+    assert not plain.fim and "".join(map(chr, plain.prompt_token_ids)) == "def f(x):\n    " and plain.typed_indent == ""
+    raw = prepare(pb.CompleteRequest(prefix="def f(x):\n", raw_prompt=True), config(prefix_only="fim"), CharTokens())
+    assert fim_prefix not in raw.prompt_token_ids, "a raw prompt is the client's own"
+    with pytest.raises(ConfigError, match="limits.prefix_only"):
+        load_config(env={}, overrides={"limits.prefix_only": "middle"}).validate(check_files=False, check_vllm=False)
 
 
 # --- the serving path -------------------------------------------------------------------------

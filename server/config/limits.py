@@ -56,6 +56,14 @@ class LimitsConfig:
     the prompt is cut at the cursor as sent (for a model trained otherwise).
     Prompts already cut at a line start (the bridge's), raw prompts and the
     "plain" prompt format are never changed."""
+    prefix_only: str = "plain"
+    """How a request without a suffix is rendered in a fill-in-the-middle
+    prompt format: "plain" (the prefix as text for the model to continue) or
+    "fim" (an empty suffix: the middle at the end of the file). The embedded
+    model answers prefix-only prompts far better as "fim" (docs/lsp.md,
+    "Prefix-only requests"); the benchmarks' prefix-only prompts are measured
+    as "plain". A client that sends an empty suffix always gets "fim"; raw
+    prompts and the "plain" prompt format are never changed."""
     max_health_watchers: int = 16
     """grpc.health.v1 Watch streams open at once (all callers together);
     more are RESOURCE_EXHAUSTED."""

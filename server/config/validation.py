@@ -271,6 +271,7 @@ def _check_listeners(cfg: QuickdraftConfig) -> None:
 
 def _check_limits(cfg: QuickdraftConfig) -> None:
     lim = cfg.limits
+    _rule(lim.prefix_only in ("plain", "fim"), "limits.prefix_only", lim.prefix_only, 'use "plain" or "fim"')
     for name in ("max_concurrent_streams", "max_streams_per_client", "default_max_tokens", "max_output_tokens", "max_request_bytes",
                  "tokenizer_threads", "max_health_watchers"):
         _rule(getattr(lim, name) >= 1, f"limits.{name}", getattr(lim, name), "use at least 1")

@@ -34,7 +34,7 @@ async def test_fim_quality_against_the_fake_server(tmp_path, fake_server):
         argparse.Namespace(
             server=fake_server.address, source_dir=str(src), tasks=6, seed=1, languages=None, max_tokens=16,
             budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, wait=10.0, dry_run=False, json=str(out),
-            file_only=False, blank_line_at_cursor=False,
+            file_only=False, blank_line_at_cursor=False, prefix_only=False,
         )
     )
     report = json.loads(out.read_text())
@@ -52,6 +52,29 @@ async def test_fim_quality_against_the_fake_server(tmp_path, fake_server):
     assert report["budget_tokens"] == 1024  # from the server's limits
 
 
+async def test_fim_quality_prefix_only_sends_the_prefix_without_and_with_an_empty_suffix(tmp_path, fake_server):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "shapes.py").write_text("import math\n\n\ndef area(r):\n    return math.pi * r * r\n\n\ndef double(x):\n    return x * 2\n")
+    fake_server.fake.deltas = ["return x * 2\n"]
+    out = tmp_path / "fim.json"
+    await fim_quality.run(
+        argparse.Namespace(
+            server=fake_server.address, source_dir=str(src), tasks=3, seed=1, languages=None, max_tokens=16,
+            budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, wait=10.0, dry_run=False, json=str(out),
+            file_only=False, blank_line_at_cursor=False, prefix_only=True,
+        )
+    )
+    report = json.loads(out.read_text())
+    assert {r["condition"] for r in report["rows"]} == {"tree-sitter", "plain window", "prefix only", "prefix only, empty suffix"}
+    requests = fake_server.fake.requests
+    assert len(requests) == 12
+    no_suffix = [r for r in requests if not r.HasField("suffix")]
+    empty = [r for r in requests if r.HasField("suffix") and r.suffix == ""]
+    assert len(no_suffix) == 3 and len(empty) >= 3  # a task at the file's end may leave a window's suffix empty too
+    assert all(r.prefix.endswith("\n") and not r.context_files for r in no_suffix)
+
+
 async def test_fim_quality_rebuilds_prompts_refused_as_too_long(tmp_path, fake_server):
     src = tmp_path / "src"
     src.mkdir()
@@ -65,7 +88,7 @@ async def test_fim_quality_rebuilds_prompts_refused_as_too_long(tmp_path, fake_s
         argparse.Namespace(
             server=fake_server.address, source_dir=str(src), tasks=4, seed=3, languages=None, max_tokens=16,
             budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, wait=10.0, dry_run=False, json=str(out),
-            file_only=True, blank_line_at_cursor=False,
+            file_only=True, blank_line_at_cursor=False, prefix_only=False,
         )
     )
     rows = {r["condition"]: r for r in json.loads(out.read_text())["rows"]}
@@ -102,7 +125,8 @@ async def test_fim_quality_waits_for_the_engine_and_gives_up_saying_so(tmp_path,
     await fake_server.health.set("quickdraft.v1.Completion", health_pb2.HealthCheckResponse.NOT_SERVING)
     args = argparse.Namespace(server=fake_server.address, source_dir=str(src), tasks=2, seed=1, languages=None, max_tokens=8,
                               budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, wait=1.0, dry_run=False,
-                              json=str(tmp_path / "fim.json"), file_only=False, blank_line_at_cursor=False)
+                              json=str(tmp_path / "fim.json"), file_only=False, blank_line_at_cursor=False,
+                              prefix_only=False)
     with pytest.raises(SystemExit, match=f"{fake_server.address} was not serving within --wait 1"):
         await fim_quality.run(args)
     assert fake_server.fake.requests == []
