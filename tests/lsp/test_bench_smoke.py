@@ -23,20 +23,25 @@ def test_context_and_reparse_benchmarks_write_reports(tmp_path):
     assert rows[0]["measure"] == "incremental reparse" and rows[0]["n"] == 30
 
 
+def fim_args(fake_server, src, out, **changed) -> argparse.Namespace:
+    """fim_quality's arguments against the fake server: one-line greedy tasks from ``src``, the report to ``out``."""
+    args = dict(server=fake_server.address, source_dir=str(src), tasks=6, seed=1, languages=None, max_tokens=16,
+                budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, wait=10.0, dry_run=False,
+                json=str(out), file_only=False, blank_line_at_cursor=False, prefix_only=False)
+    return argparse.Namespace(**(args | changed))
+
+
+SHAPES = "import math\n\n\ndef area(r):\n    return math.pi * r * r\n\n\ndef double(x):\n    return x * 2\n"
+
+
 async def test_fim_quality_against_the_fake_server(tmp_path, fake_server):
     src = tmp_path / "src"
     src.mkdir()
-    (src / "shapes.py").write_text("import math\n\n\ndef area(r):\n    return math.pi * r * r\n\n\ndef double(x):\n    return x * 2\n")
+    (src / "shapes.py").write_text(SHAPES)
     (src / "main.py").write_text("from shapes import area\n\n\ndef report(r):\n    value = area(r)\n    return double(value)\n")
     fake_server.fake.deltas = ["return x * 2\nextra"]
     out = tmp_path / "fim.json"
-    await fim_quality.run(
-        argparse.Namespace(
-            server=fake_server.address, source_dir=str(src), tasks=6, seed=1, languages=None, max_tokens=16,
-            budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, wait=10.0, dry_run=False, json=str(out),
-            file_only=False, blank_line_at_cursor=False, prefix_only=False,
-        )
-    )
+    await fim_quality.run(fim_args(fake_server, src, out))
     report = json.loads(out.read_text())
     by_name = {r["condition"]: r for r in report["rows"]}
     assert set(by_name) == {"tree-sitter", "plain window"}
@@ -55,16 +60,10 @@ async def test_fim_quality_against_the_fake_server(tmp_path, fake_server):
 async def test_fim_quality_prefix_only_sends_the_prefix_without_and_with_an_empty_suffix(tmp_path, fake_server):
     src = tmp_path / "src"
     src.mkdir()
-    (src / "shapes.py").write_text("import math\n\n\ndef area(r):\n    return math.pi * r * r\n\n\ndef double(x):\n    return x * 2\n")
+    (src / "shapes.py").write_text(SHAPES)
     fake_server.fake.deltas = ["return x * 2\n"]
     out = tmp_path / "fim.json"
-    await fim_quality.run(
-        argparse.Namespace(
-            server=fake_server.address, source_dir=str(src), tasks=3, seed=1, languages=None, max_tokens=16,
-            budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, wait=10.0, dry_run=False, json=str(out),
-            file_only=False, blank_line_at_cursor=False, prefix_only=True,
-        )
-    )
+    await fim_quality.run(fim_args(fake_server, src, out, tasks=3, prefix_only=True))
     report = json.loads(out.read_text())
     assert {r["condition"] for r in report["rows"]} == {"tree-sitter", "plain window", "prefix only", "prefix only, empty suffix"}
     requests = fake_server.fake.requests
@@ -84,13 +83,7 @@ async def test_fim_quality_rebuilds_prompts_refused_as_too_long(tmp_path, fake_s
     fake.bytes_per_token, fake.max_prompt_tokens = 1.0, 60
     fake.info.limits.prompt_budget_tokens = 60
     out = tmp_path / "fim.json"
-    await fim_quality.run(
-        argparse.Namespace(
-            server=fake_server.address, source_dir=str(src), tasks=4, seed=3, languages=None, max_tokens=16,
-            budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, wait=10.0, dry_run=False, json=str(out),
-            file_only=True, blank_line_at_cursor=False, prefix_only=False,
-        )
-    )
+    await fim_quality.run(fim_args(fake_server, src, out, tasks=4, seed=3, file_only=True))
     rows = {r["condition"]: r for r in json.loads(out.read_text())["rows"]}
     assert all(r["errors"] == 0 for r in rows.values()), rows
     assert all(r["rebuilt_smaller"] >= 1 for r in rows.values()), rows
@@ -123,10 +116,7 @@ async def test_fim_quality_waits_for_the_engine_and_gives_up_saying_so(tmp_path,
     src.mkdir()
     (src / "a.py").write_text("def f(x):\n    return x + 1\n\n\ndef g(y):\n    return y * 2\n")
     await fake_server.health.set("quickdraft.v1.Completion", health_pb2.HealthCheckResponse.NOT_SERVING)
-    args = argparse.Namespace(server=fake_server.address, source_dir=str(src), tasks=2, seed=1, languages=None, max_tokens=8,
-                              budget_tokens=0, chars_per_token=0.0, open_neighbours=4, timeout=10.0, wait=1.0, dry_run=False,
-                              json=str(tmp_path / "fim.json"), file_only=False, blank_line_at_cursor=False,
-                              prefix_only=False)
+    args = fim_args(fake_server, src, tmp_path / "fim.json", tasks=2, max_tokens=8, wait=1.0)
     with pytest.raises(SystemExit, match=f"{fake_server.address} was not serving within --wait 1"):
         await fim_quality.run(args)
     assert fake_server.fake.requests == []
