@@ -96,7 +96,9 @@ def _complete(args: argparse.Namespace) -> int:
     from quickdraft.client import CompletionClient
 
     if args.location == "-":
-        prefix, suffix = sys.stdin.read(), None
+        # As at the end of a file: an empty suffix asks fill-in-the-middle there, which FIM-trained models
+        # answer far better than a bare prefix (docs/lsp.md, "Prefix-only requests").
+        prefix, suffix = sys.stdin.read(), ""
         path = ""
     else:
         try:
@@ -291,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("complete", help="stream a completion at FILE:LINE:COL (or '-' for stdin) to the terminal")
-    p.add_argument("location", help="FILE:LINE:COL (1-based) or - to read the prefix from stdin")
+    p.add_argument("location", help="FILE:LINE:COL (1-based) or - to read the prefix from stdin (as at the end of a file)")
     p.add_argument("--server", default="127.0.0.1:50051")
     p.add_argument("--max-tokens", type=int, default=0)
     p.add_argument("--temperature", type=float)

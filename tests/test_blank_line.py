@@ -223,6 +223,19 @@ async def test_quickdraft_complete_on_a_blank_line_prints_the_line_without_a_dou
     assert TOKENIZER.decode(engine.prompts[-1]).endswith(f"def fibonacci(n):\n{FIM_SUFFIX}{FIM_MIDDLE}")
 
 
+async def test_quickdraft_complete_from_stdin_asks_at_the_end_of_a_file(stack, capsys, monkeypatch):
+    import io
+
+    from quickdraft.cli import main
+
+    engine, _, server = stack
+    monkeypatch.setattr("sys.stdin", io.StringIO("def fibonacci(n):\n    "))
+    rc = await asyncio.to_thread(main, ["complete", "-", "--server", f"127.0.0.1:{server.port}"])
+    assert rc == 0
+    assert capsys.readouterr().out == "return fib(n)\n"
+    assert TOKENIZER.decode(engine.prompts[-1]).endswith(f"def fibonacci(n):\n{FIM_SUFFIX}{FIM_MIDDLE}")
+
+
 async def test_the_bridges_line_start_prompt_comes_through_unchanged(stack):
     from quickdraft.client import AsyncCompletionClient
 
