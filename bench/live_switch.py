@@ -151,6 +151,8 @@ async def after_switch(engine: Engine, cycle: list[SpecConfig], prompts: list[li
                        period_s: float, switches: int, max_tokens: int) -> dict:
     """TPOT by time since a live switch, per transition, while ``concurrency``
     streams decode without pause and the engine moves along ``cycle`` every ``period_s``."""
+    if period_s <= AFTER_SWITCH_BINS_S[-1]:
+        raise SystemExit(f"--after-switch-period {period_s}: use more than {AFTER_SWITCH_BINS_S[-1]} s, the last bin's start")
     done = asyncio.Event()
     gaps: list[tuple[float, int, float]] = []  # (arrival, tokens, time since the stream's previous output)
 
@@ -176,13 +178,22 @@ async def after_switch(engine: Engine, cycle: list[SpecConfig], prompts: list[li
     end = time.perf_counter()
     done.set()
     await asyncio.gather(*streams)
+    return {"concurrency": concurrency, "period_s": period_s, "switches": switches} | bin_after_switch(gaps, marks, end, period_s)
+
+
+def bin_after_switch(gaps: list[tuple[float, int, float]], marks: list[tuple[float, str]], end: float, period_s: float) -> dict:
+    """TPOT per transition in bins of time since its switch: ``gaps`` are
+    (arrival, tokens, time since the stream's previous output), ``marks``
+    (switch time, "A -> B") in time order; outputs before the first switch or
+    after ``end`` are left out. Each bin's TPOT is also given over the last bin's."""
     edges = (*AFTER_SWITCH_BINS_S, period_s)
+    times = [m[0] for m in marks]
     sums: dict[str, list[list[float]]] = {}
     for t, tokens, gap in gaps:
-        j = bisect.bisect_right([m[0] for m in marks], t) - 1
+        j = bisect.bisect_right(times, t) - 1
         if j < 0 or t > end:
             continue
-        since = t - marks[j][0]
+        since = t - times[j]
         b = next((k for k, e in enumerate(edges) if since < e), len(edges) - 1)
         cell = sums.setdefault(marks[j][1], [[0.0, 0] for _ in edges])[b]
         cell[0] += gap
@@ -193,8 +204,7 @@ async def after_switch(engine: Engine, cycle: list[SpecConfig], prompts: list[li
         steady = tpot[-1]
         by[key] = {"tpot_ms": [None if x is None else round(x, 3) for x in tpot], "tokens": [n for _, n in cells],
                    "vs_steady": [None if x is None or not steady else round(x / steady, 3) for x in tpot]}
-    return {"concurrency": concurrency, "period_s": period_s, "switches": switches,
-            "bins_s": [f"{lo}-{hi}" for lo, hi in zip((0.0, *edges[:-1]), edges)], "by_transition": by}
+    return {"bins_s": [f"{lo}-{hi}" for lo, hi in zip((0.0, *edges[:-1]), edges)], "by_transition": by}
 
 
 async def measure(cfg: QuickdraftConfig, args: argparse.Namespace) -> dict:

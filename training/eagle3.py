@@ -281,8 +281,7 @@ def target_features(target, input_ids: torch.Tensor, aux_layer_ids: tuple[int, .
         else:
             hooks.append(target.model.norm.register_forward_pre_hook(lambda m, args, i=i: captured.__setitem__(i, args[0])))
     try:
-        keep = input_ids.shape[1] - logits_from
-        logits = target(input_ids=input_ids, logits_to_keep=keep).logits if logits_from else target(input_ids=input_ids).logits
+        logits = target(input_ids=input_ids, logits_to_keep=input_ids.shape[1] - logits_from).logits
     finally:
         for h in hooks:
             h.remove()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from types import SimpleNamespace
+
+import pytest
 
 from quickdraft.bench import live_switch
 from quickdraft.server.speculative import SpecConfig
@@ -45,33 +46,41 @@ def test_table_puts_live_beside_static():
     assert "p50 1.0 ms" in text
 
 
-class TransientEngine(FakeEngine):
-    """One token a step; steps right after a switch (``slow_s``) take three times as long."""
+def test_after_switch_bins_outputs_by_time_since_their_switch():
+    marks = [(10.0, "off -> parallel K=3"), (11.0, "parallel K=3 -> off"), (12.0, "off -> parallel K=3")]
+    gaps = [(9.5, 1, 0.5),                                    # before the first switch: left out
+            (10.05, 1, 0.010), (10.2, 2, 0.010), (10.7, 2, 0.004), (10.8, 2, 0.004),  # first transition
+            (11.05, 1, 0.003), (11.9, 1, 0.003),
+            (12.05, 1, 0.006), (12.6, 2, 0.004), (13.5, 1, 0.001)]  # the last one after the end: left out
+    out = live_switch.bin_after_switch(gaps, marks, end=13.0, period_s=1.0)
+    assert out["bins_s"] == ["0.0-0.1", "0.1-0.25", "0.25-0.5", "0.5-1.0"]
+    on = out["by_transition"]["off -> parallel K=3"]
+    assert on["tokens"] == [2, 2, 0, 6]
+    assert on["tpot_ms"] == [8.0, 5.0, None, 2.0]  # (10 + 6) ms / 2 tokens; 10 ms / 2; (4 + 4 + 4) ms / 6
+    assert on["vs_steady"] == [4.0, 2.5, None, 1.0]
+    off = out["by_transition"]["parallel K=3 -> off"]
+    assert off["tokens"] == [1, 0, 0, 1] and off["vs_steady"] == [1.0, None, None, 1.0]
 
-    slow_s: float = 0.1
-    slow_until: float = 0.0
+
+class CyclingEngine(FakeEngine):
+    """One token a step, whatever the setting."""
 
     async def generate(self, request_id, prompt_ids, sampling):
         for _ in range(sampling.max_tokens):
-            await asyncio.sleep(self.step_s * (3.0 if time.perf_counter() < self.slow_until else 1.0))
+            await asyncio.sleep(self.step_s)
             yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=[0])])
 
-    async def switch(self, spec: SpecConfig) -> float:
-        self.slow_until = time.perf_counter() + self.slow_s
-        return await super().switch(spec)
 
-
-def test_after_switch_bins_tpot_by_time_since_each_switch():
-    engine = TransientEngine(SpecConfig(True, 3), live=True, step_s=0.005)
+def test_after_switch_cycles_the_settings_while_streams_decode():
+    engine = CyclingEngine(SpecConfig(True, 3), live=True, step_s=0.005)
     cycle = [SpecConfig.off(), SpecConfig(True, 3)]
-    out = asyncio.run(live_switch.after_switch(engine, cycle, [[1, 2]] * 2, concurrency=2, period_s=0.6, switches=6,
+    out = asyncio.run(live_switch.after_switch(engine, cycle, [[1, 2]] * 2, concurrency=2, period_s=0.6, switches=4,
                                                max_tokens=50))
+    assert (out["concurrency"], out["switches"], out["period_s"]) == (2, 4, 0.6)
     assert set(out["by_transition"]) == {"parallel K=3 -> off", "off -> parallel K=3"}
-    assert out["bins_s"] == ["0.0-0.1", "0.1-0.25", "0.25-0.5", "0.5-0.6"]
-    for key, v in out["by_transition"].items():
-        first, *middle, steady = v["vs_steady"]
-        assert first > 1.8, (key, v)  # the slow steps land in the first bin
-        assert all(0.7 < r < 1.4 for r in middle), (key, v)
-        assert steady == 1.0 and all(n > 0 for n in v["tokens"])
+    assert engine.switches == 4 and engine.spec == cycle[1]  # it starts at the cycle's last: four moves along it
+    assert all(v["tokens"][-1] > 0 for v in out["by_transition"].values())
     text = live_switch.table({"levels": [], "after_switch": [out]})
     assert "| off -> parallel K=3 |" in text and "(1.00x)" in text
+    with pytest.raises(SystemExit, match="--after-switch-period 0.3"):
+        asyncio.run(live_switch.after_switch(engine, cycle, [[1]], concurrency=1, period_s=0.3, switches=1, max_tokens=4))
