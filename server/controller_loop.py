@@ -292,7 +292,7 @@ class ControllerLoop:
         seconds = self._window.monotonic - start.monotonic
         tokens = meter.decode_tokens - start.decode_tokens
         if seconds < m.window_s or tokens < m.min_tokens * max(1, start.in_system):
-            if seconds < 10 * m.window_s:
+            if seconds < 10 * m.window_s and not self._abandon(engine, start, seconds, tokens, now):
                 self._window = start  # keep it open
                 return
             if tokens <= 0:
@@ -306,6 +306,16 @@ class ControllerLoop:
             engine.spec.at(max(1.0, running)), seconds, meter.decode_seconds - start.decode_seconds, tokens, running,
             start.running, snap.running, first, drafts=snap.drafts - start.drafts, accepted_per_position=accepted,
             offered=offered, offered_start=start.in_system, offered_end=snap.running + snap.waiting), now=now)
+
+    def _abandon(self, engine, start: "_WindowStart", seconds: float, tokens: int, now: float) -> bool:
+        """Whether a probe's open window ends early: a quarter of its tokens in,
+        it decodes far slower than the best measured config (measure.abandon_above)."""
+        m = self.cfg.controller.measure
+        if seconds < m.window_s or 4 * tokens < m.min_tokens * max(1, start.in_system):
+            return False
+        running = (engine.snapshot.running_seconds - start.running_seconds) / seconds
+        ceiling = self.ctl.measured.abandon_above(start.spec.at(max(1.0, running)), now)
+        return ceiling is not None and (self.service.meter.decode_seconds - start.decode_seconds) / tokens > ceiling
 
     # --- outputs -----------------------------------------------------------------
 

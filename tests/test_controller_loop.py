@@ -417,6 +417,42 @@ def test_a_window_holds_min_tokens_per_request_and_none_spans_the_drafters_retur
     asyncio.run(run())
 
 
+def test_a_probe_far_behind_the_best_ends_its_window_early(tmp_path):
+    """At 8 requests a window waits for 8 x min_tokens; a probe decoding over
+    measure.abandon_above slower than the best measured config ends its window
+    once it holds a quarter of that, while a close one runs its length."""
+    async def run(probe_tpot: float) -> int:
+        cfg, manager, service, loop, made = make(tmp_path, **{"controller.measure.window_s": "0.05",
+                                                              "controller.measure.min_tokens": "100"})
+        await manager.start(SpecConfig(True, 5))
+        loop._task = None
+        engine, mp = made[0], loop.ctl.measured
+        engine.snapshot.running = 8
+
+        async def serve(tokens: int, tpot: float) -> None:
+            service.meter.decode_seconds += tokens * tpot
+            service.meter.decode_tokens += tokens
+            engine.snapshot.running_seconds += 8 * 0.06
+            await asyncio.sleep(0.06)
+            loop._close_window(engine, time.time())
+
+        loop._close_window(engine, time.time())
+        await serve(800, 0.002)
+        assert mp.windows == 1, "parallel K=5 measured at 2 ms"
+        assert await manager.switch(SpecConfig(True, 3), "probe")
+        loop._window = None
+        loop._close_window(engine, time.time())  # the probe's window opens
+        await serve(150, probe_tpot)
+        assert mp.windows == 1, "under a quarter of the window's tokens: never ended early"
+        await serve(100, probe_tpot)
+        windows = mp.windows
+        await manager.stop()
+        return windows
+
+    assert asyncio.run(run(0.003)) == 2, "50% slower than the best: the window ended at 250 of 800 tokens"
+    assert asyncio.run(run(0.0022)) == 1, "10% slower: the window runs its length"
+
+
 def test_a_live_engine_is_measured_in_windows_and_a_probe_is_a_live_switch(tmp_path):
     """The loop hands the controller what was served since the last tick:
     decode time over decode tokens from the serving path, the time-weighted

@@ -332,6 +332,13 @@ class MeasureSettings:
     ``window_s`` at most). Per request: with many streams most steps also
     prefill someone's prompt, and a window must hold enough arrivals for
     their share of its time to be typical."""
+    abandon_above: float = 0.25
+    """A probe's window ends early, once it is ``window_s`` long and holds a
+    quarter of ``min_tokens`` per request, when its decode TPOT so far runs
+    more than this fraction above the best config measured at the level:
+    such a config is not chosen, and a full window of it slows every stream
+    (seconds at high load). A large value (e.g. 100) lets every window run
+    its length."""
     windows_kept: int = 4
     """Windows kept per (load level, config); its TPOT is their token-weighted mean."""
     levels_per_doubling: int = 2

@@ -495,6 +495,8 @@ def check_measure(m: ctl.MeasureSettings) -> None:
     _rule(0 <= m.confirm_within <= 1, at + "confirm_within", m.confirm_within, "use a fraction in [0, 1]")
     _rule(m.stale_s > 0, at + "stale_s", m.stale_s, "use > 0 seconds")
     _rule(0 <= m.refresh_within <= 1, at + "refresh_within", m.refresh_within, "use a fraction in [0, 1]")
+    _rule(m.abandon_above > 0, at + "abandon_above", m.abandon_above,
+          "use a fraction > 0 (a large value, e.g. 100, lets every window run its length)")
     _rule(m.prune_above > 0, at + "prune_above", m.prune_above, "use a fraction > 0 (a large value, e.g. 100, probes every config)")
 
 

@@ -454,6 +454,21 @@ class MeasuredPolicy:
             return beyond and tpot > min(measured.values()) * (1.0 + self.settings.measure.prune_above)
         return False
 
+    def abandon_above(self, serving: SpecConfig, now: float) -> float | None:
+        """While ``serving`` is a probe at the current level (no fresh
+        measurement of its own there), the decode TPOT above which its open
+        window may end early: ``measure.abandon_above`` over the best fresh
+        measurement's decode TPOT. A probe that far behind is not chosen on
+        one more second of evidence, and at high load a full window costs
+        every stream seconds in a slow config. None: let the window run."""
+        if self.level is None:
+            return None
+        fresh = self.table.fresh(self.level, now)
+        if serving in fresh or not fresh:
+            return None
+        best = min(fresh, key=lambda c: self.tpot(c, fresh[c]))
+        return fresh[best].decode_tpot_s * (1.0 + self.settings.measure.abandon_above)
+
     def active_plan(self, now: float) -> Plan | None:
         """The serving config's plan from its measurement at the current level."""
         if self.level is None or self.active is None:

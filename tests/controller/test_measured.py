@@ -364,3 +364,17 @@ def test_the_engine_integrates_running_and_offered_requests_over_its_steps(monke
     step(0, 0, 1.0)  # idle
     assert snapshot.running_seconds == 5 + 5 + 3 + 0
     assert snapshot.in_system_seconds == 8 + 8 + 4 + 0
+
+
+def test_abandon_above_applies_to_probes_at_a_measured_level_only():
+    settings = ControllerSettings(initial=P5)
+    mp = MeasuredPolicy(settings)
+    now = 100.0
+    assert mp.abandon_above(p(3), now) is None, "nothing measured: no level, nothing to compare with"
+    mp.observe(Window(P5, 1.0, 8.0, 4000, 8.0, 8, 8), now)
+    mp.observe(Window(p(7), 1.0, 8.0, 3200, 8.0, 8, 8), now)
+    best = 8.0 / 4000
+    ceiling = mp.abandon_above(ar(3), now)
+    assert ceiling is not None and abs(ceiling - best * (1 + settings.measure.abandon_above)) < 1e-12
+    assert mp.abandon_above(P5, now) is None, "a config measured at the level is not a probe"
+    assert mp.abandon_above(ar(3), now + settings.measure.stale_s + 1) is None, "stale measurements compare with nothing"
