@@ -351,7 +351,9 @@ class MeasureSettings:
     confirm_within: float = 0.10
     """A config measured in one window only, within this fraction of the
     best, is measured in a second window before the choice (a window's
-    figure varies by a few percent)."""
+    figure varies by a few percent). Within a drafting mode, a K counts as
+    slower than the mode's best only beyond this fraction when it rules out
+    the Ks past it."""
     stale_s: float = 180.0
     """A measurement older than this no longer counts as current: a config
     last measured within ``refresh_within`` of the best is measured again

@@ -265,11 +265,12 @@ def mode_curve(config: SpecConfig, measured: dict[SpecConfig, float]) -> dict[in
     return {c.k: t for c, t in measured.items() if c.enabled and c.parallel == config.parallel}
 
 
-def bound_beyond(config: SpecConfig, measured: dict[SpecConfig, float]) -> float | None:
+def bound_beyond(config: SpecConfig, measured: dict[SpecConfig, float], margin: float = 0.0) -> float | None:
     """Under a single-minimum TPOT curve over K within ``config``'s drafting
     mode, a lower bound on its TPOT: the slowest measured K of the mode
-    between it and the mode's best, where that is slower than the best;
-    None where the curve says nothing of ``config``."""
+    between it and the mode's best, where that is more than ``margin``
+    slower than the best (a window's own noise: within it, which of two Ks
+    is the slower is not known); None where the curve says nothing of ``config``."""
     if not config.enabled:
         return None
     curve = mode_curve(config, measured)
@@ -278,13 +279,13 @@ def bound_beyond(config: SpecConfig, measured: dict[SpecConfig, float]) -> float
     k_best = min(curve, key=curve.__getitem__)
     lo, hi = sorted((config.k, k_best))
     between = [t for k, t in curve.items() if lo < k < hi]
-    return max(between) if between and max(between) > curve[k_best] else None
+    return max(between) if between and max(between) > curve[k_best] * (1.0 + margin) else None
 
 
-def ruled_out(config: SpecConfig, measured: dict[SpecConfig, float]) -> bool:
+def ruled_out(config: SpecConfig, measured: dict[SpecConfig, float], margin: float = 0.0) -> bool:
     """Whether a single-minimum TPOT curve over K within ``config``'s drafting
-    mode makes it slower than a measured config of that mode."""
-    return bound_beyond(config, measured) is not None
+    mode makes it slower than a measured config of that mode (by more than ``margin``)."""
+    return bound_beyond(config, measured, margin) is not None
 
 
 class MeasuredPolicy:
@@ -360,7 +361,8 @@ class MeasuredPolicy:
         known = {**stale, **tpot}
         limit = min(tpot.values()) * (1.0 + self.settings.measure.refresh_within)
         unmeasured = [c for c in candidates if c not in tpot and stale.get(c, 0.0) <= limit
-                      and not ruled_out(c, known) and not self._far_off(c, lvl, stale)]
+                      and not ruled_out(c, known, self.settings.measure.confirm_within)
+                      and not self._far_off(c, lvl, stale)]
         if unmeasured:
             nxt = min(unmeasured, key=lambda c: self._probe_order(c, lvl, active))
             self.probes += 1
@@ -445,7 +447,7 @@ class MeasuredPolicy:
             return False
         for lvl in self.table.levels_near(level, others_only=True):
             measured = self._at(lvl)
-            tpot = measured[c] if c in measured else bound_beyond(c, measured)
+            tpot = measured[c] if c in measured else bound_beyond(c, measured, self.settings.measure.confirm_within)
             if tpot is None:
                 continue
             curve = mode_curve(c, measured)

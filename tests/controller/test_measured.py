@@ -60,6 +60,11 @@ def test_a_single_minimum_over_k_rules_out_what_lies_beyond_a_worse_k():
     assert not ruled_out(ar(3), measured), "another mode's curve says nothing"
     assert not ruled_out(p(1), {p(5): 3.0, p(7): 3.5}), "nothing measured between K=1 and the best"
     assert not ruled_out(p(7), {p(5): 3.0, p(3): 4.0}), "K=7 is on the other side of the best"
+    near = {ar(1): 14.8, ar(3): 15.8}
+    assert ruled_out(ar(5), near), "K=3 read slower than K=1"
+    assert not ruled_out(ar(5), near, margin=0.10), \
+        "K=3 read 7% slower than K=1, within a window's noise: it rules nothing out"
+    assert ruled_out(ar(5), {ar(1): 14.8, ar(3): 17.0}, margin=0.10)
 
 
 def test_no_speculation_is_measured_even_where_the_parallel_curve_falls_towards_its_best_k():
