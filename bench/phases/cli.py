@@ -40,6 +40,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--one-server", action="store_true",
                     help="one live-switching server for every config: each static pinned in turn, then the controller "
                          "(no engine build per config; a static then runs on a live engine)")
+    ap.add_argument("--clock", choices=("client", "server"), default="client",
+                    help="whose clock times each request's first token and decoding: the load generator's (default), or the "
+                         "server's (its first and last generated token), which leaves out text the server holds back, e.g. "
+                         "the partial characters random weights write")
     ap.add_argument("--poll-seconds", type=float, default=1.0, help="GetServerInfo poll interval, every server alike (default 1)")
     ap.add_argument("--preset", help="model preset (default embedded)")
     ap.add_argument("--config", help="TOML configuration for every server (quickdraft serve --config), under --set")
@@ -71,7 +75,7 @@ def spec_from_args(args: argparse.Namespace) -> PhasesSpec:
                       tolerance=args.tolerance, warmup_requests=args.warmup, controller_warmup_s=args.controller_warmup,
                       controller_profile_dir=args.controller_profile_dir, statics_from=list(args.statics_from), poll_s=args.poll_seconds,
                       preset=args.preset, config=args.config, overrides=_overrides(args.set), rounds=args.rounds,
-                      one_server=args.one_server)
+                      one_server=args.one_server, clock=args.clock)
 
 
 def reanalyse(path: Path, out: Path) -> dict:

@@ -64,7 +64,9 @@ def markdown(doc: dict) -> str:
         f"on one server per config (after {spec['warmup_requests']} warm-up request(s)). Workload: {w['tasks']} tasks from {w['source']}, "
         f"{w['single_line_share']:.0%} single-line, cancel share {w['cancel_share']:.0%}, chat share {w['chat_share']:.0%}, greedy; "
         "request k of phase p is the same for every config" + _repeats(doc) + ".", "",
-        f"TPOT is token-weighted (decode time / decode tokens, client-side) over the requests that *started* in the phase; "
+        "TPOT is token-weighted (decode time / decode tokens, "
+        + ("on the server's clock: its first to last generated token, per request" if spec.get("clock") == "server" else "client-side")
+        + ") over the requests that *started* in the phase; "
         f"**settled** leaves out those that started in its first {settle:g} s. Regret = controller / best static − 1.",
     ]
     if v.get("regret_basis_note"):

@@ -4,6 +4,7 @@ back to back under a closed loop, the server watched meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import sys
@@ -39,13 +40,22 @@ from quickdraft.bench.sweep import SweepConfig, controller_available
 from quickdraft.bench.workload import Planned, Workload, WorkloadSpec
 
 
+def on_server_clock(r: Result) -> Result:
+    """``r`` with its first token and decoding timed by the server (PhasesSpec.clock)."""
+    if r.outcome != "ok":
+        return r
+    decode = None if r.server_tpot_s is None or r.tokens < 2 else r.server_tpot_s * (r.tokens - 1)
+    return dataclasses.replace(r, ttft_s=r.server_ttft_s, decode_s=decode)
+
+
 async def drive(target, workload: Workload, phases: Sequence[Phase], slices: dict[int, tuple[int, int]], origin: float,
-                on_request: Callable[[Result, Req], None] | None = None) -> list[tuple[Result, Req]]:
+                on_request: Callable[[Result, Req], None] | None = None, clock: str = "client") -> list[tuple[Result, Req]]:
     """A closed loop whose concurrency follows ``phases`` without a pause:
     slot j sends while the current phase has more than j streams, and sleeps
     (after its request in flight ends) while it has not. Nothing is sent after
     the last phase; requests in flight then finish. Times are relative to
-    ``origin`` (a perf_counter value: the first measured phase's start)."""
+    ``origin`` (a perf_counter value: the first measured phase's start);
+    ``clock`` says whose clock times each request (PhasesSpec.clock)."""
     out: list[tuple[Result, Req]] = []
     counters = {p.index: 0 for p in phases}
     end = phases[-1].end_s
@@ -73,6 +83,8 @@ async def drive(target, workload: Workload, phases: Sequence[Phase], slices: dic
             planned = workload.planned(slices[p.index][0] + k)
             t0 = now()
             r = await send_safely(target, planned, origin)
+            if clock == "server":
+                r = on_server_clock(r)
             q = Req.from_result(r, t0, now())
             out.append((r, q))
             if on_request is not None:
@@ -216,7 +228,7 @@ async def measure_config(conf: SweepConfig, spec: PhasesSpec, workload: Workload
             follower = asyncio.create_task(ui.follow(conf.label, phases, origin))
             try:
                 slices = task_slices(len(workload.tasks), phases)
-                pairs = await drive(target, workload, phases, slices, origin, on_request=ui.request)
+                pairs = await drive(target, workload, phases, slices, origin, on_request=ui.request, clock=spec.clock)
                 await tasks[1]
                 stop.set()
                 await tasks[0]

@@ -30,6 +30,10 @@ def load_statics(path: Path, spec: PhasesSpec, wspec: WorkloadSpec | None = None
     if doc.get("benchmark") == "controller_phases":
         if list(doc["spec"]["concurrency"]) != list(spec.concurrency):
             raise ValueError(f"--statics-from {path}: its phases are {doc['spec']['concurrency']} streams, this run's {spec.concurrency}")
+        theirs_clock = doc["spec"].get("clock", "client")
+        if theirs_clock != spec.clock:
+            raise ValueError(f"--statics-from {path}: timed on the {theirs_clock}'s clock, this run on the {spec.clock}'s "
+                             f"(--clock {theirs_clock} compares with it)")
         for key, ours in (("phase_seconds", spec.phase_seconds), ("settle_s", spec.settle_s)):
             if doc["spec"].get(key) != ours:
                 notes.append(f"statics from {path}: {key} {doc['spec'].get(key)} there, {ours} here")

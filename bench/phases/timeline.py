@@ -44,6 +44,13 @@ class PhasesSpec:
     # One live-switching server for every config: statics pinned in turn, then
     # the controller (bench/phases/shared.py). False: a fresh server per config.
     one_server: bool = False
+    # Whose clock times each request's first token and decoding: "client" (when
+    # the load generator received the first text and the last), or "server"
+    # (the server's own figures: its first and last generated token, from the
+    # final message). The server's clock leaves out text the server holds back,
+    # as the detokenizer does for partial characters: random weights (the GPU
+    # runs) write such tokens, and the client-side figure then moves by config.
+    clock: str = "client"
 
     def validate(self) -> None:
         if not self.concurrency or any(not 1 <= c <= 256 for c in self.concurrency):
@@ -58,6 +65,8 @@ class PhasesSpec:
             raise ValueError("warm-ups cannot be negative")
         if self.poll_s <= 0 or self.state_every_s <= 0:
             raise ValueError("poll intervals must be positive")
+        if self.clock not in ("client", "server"):
+            raise ValueError(f"--clock {self.clock!r}: use client or server")
         if not 1 <= self.rounds <= 10:
             raise ValueError(f"--rounds {self.rounds}: must be within 1..10")
 
