@@ -17,7 +17,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WORK=${WORK:-/work/gpuwheels}
-PART_MIB=${PART_MIB:-30}
+# A call carries at most 64 MiB, the tracked tree (counted in 4-KiB blocks) beside one part: parts as large as
+# leave 1 MiB spare.
+tree_mib=$(git ls-files -z | xargs -0 stat -c %s | awk '{b += int(($1 + 4095) / 4096) * 4096} END {print int(b / 1048576) + 1}')
+PART_MIB=${PART_MIB:-$((63 - tree_mib))}
 PY=${PY:-python3}
 mkdir -p "$WORK/wheels"
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
