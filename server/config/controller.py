@@ -337,8 +337,10 @@ class MeasureSettings:
     quarter of ``min_tokens`` per request, when its decode TPOT so far runs
     more than this fraction above the best config measured at the level:
     such a config is not chosen, and a full window of it slows every stream
-    (seconds at high load). A large value (e.g. 100) lets every window run
-    its length."""
+    (seconds at high load). Where such a window is discarded because the
+    load moved, the probe ends all the same: the controller goes back to the
+    best config it measured at the level before. A large value (e.g. 100)
+    lets every window run its length."""
     windows_kept: int = 4
     """Windows kept per (load level, config); its TPOT is their token-weighted mean."""
     levels_per_doubling: int = 2

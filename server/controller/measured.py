@@ -300,6 +300,8 @@ class MeasuredPolicy:
         self.active: SpecConfig | None = None
         """The config the last window ran."""
         self._last_level: int | None = None
+        self._last_tpot: float | None = None
+        """Decode TPOT of the last window that decoded anything, usable or not."""
         self._new_window = False
         self.windows = 0
         self.discarded = 0
@@ -310,6 +312,7 @@ class MeasuredPolicy:
         is discarded and leaves the level unknown until the next."""
         self.active = w.config
         self._new_window = True
+        self._last_tpot = w.decode_seconds / w.decode_tokens if w.decode_tokens > 0 else None
         if w.decode_tokens <= 0 or w.running <= 0 or not w.stable(self.settings.measure.stable_ratio):
             self.discarded += 1
             self.level = None
@@ -349,7 +352,8 @@ class MeasuredPolicy:
             return Verdict.hold("measuring", "measuring: waiting for a window")
         self._new_window = False
         if lvl is None:
-            return Verdict.hold("load_moving", "measuring: the load moved during the last window")
+            return self._leave_probe(active, now) or \
+                Verdict.hold("load_moving", "measuring: the load moved during the last window")
         load = self.table.load_of(lvl)
         fresh = self.table.fresh(lvl, now)
         if active not in fresh:
@@ -399,6 +403,22 @@ class MeasuredPolicy:
             return Verdict("switch", "slo" if slo_fix else "better", f"{why}; {measured}",
                            self.plan(best, lvl, b_tpot, b_excess), gain)
         return Verdict.hold("best", f"{active.label()} is the fastest measured ({ms(a_tpot)}); {measured}")
+
+    def _leave_probe(self, active: SpecConfig, now: float) -> Verdict | None:
+        """Back to the best config of the last usable level from a probe whose
+        window, discarded because the load moved, ran past ``abandon_above``:
+        such a window files nothing, but it says the probe is far behind, and
+        holding until the load settles would serve in it window after window."""
+        ceiling = self.abandon_above(active, now)
+        if ceiling is None or self._last_tpot is None or self._last_tpot <= ceiling or self._last_level is None:
+            return None
+        fresh = self.table.fresh(self._last_level, now)
+        best = min(fresh, key=lambda c: self.tpot(c, fresh[c]))
+        best_tpot = self.tpot(best, fresh[best])
+        return Verdict("switch", "probe_abandoned",
+                       f"{active.label()} ran {ms(self._last_tpot)} in a window the moving load left unfiled, over "
+                       f"{self.settings.measure.abandon_above:.0%} behind {best.label()} ({ms(best_tpot)}) at load "
+                       f"{self.table.load_of(self._last_level):.1f}: back to it", self.plan(best, self._last_level, best_tpot), 0.0)
 
     def _probe_order(self, c: SpecConfig, level: int, active: SpecConfig) -> tuple[float, float]:
         """Likely winners first: by the config's TPOT relative to the best at
@@ -462,10 +482,12 @@ class MeasuredPolicy:
         window may end early: ``measure.abandon_above`` over the best fresh
         measurement's decode TPOT. A probe that far behind is not chosen on
         one more second of evidence, and at high load a full window costs
-        every stream seconds in a slow config. None: let the window run."""
-        if self.level is None:
+        every stream seconds in a slow config. While the load moves, the
+        level of the last usable window stands in. None: let the window run."""
+        lvl = self.level if self.level is not None else self._last_level
+        if lvl is None:
             return None
-        fresh = self.table.fresh(self.level, now)
+        fresh = self.table.fresh(lvl, now)
         if serving in fresh or not fresh:
             return None
         best = min(fresh, key=lambda c: self.tpot(c, fresh[c]))

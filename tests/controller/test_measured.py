@@ -383,3 +383,21 @@ def test_abandon_above_applies_to_probes_at_a_measured_level_only():
     assert ceiling is not None and abs(ceiling - best * (1 + settings.measure.abandon_above)) < 1e-12
     assert mp.abandon_above(P5, now) is None, "a config measured at the level is not a probe"
     assert mp.abandon_above(ar(3), now + settings.measure.stale_s + 1) is None, "stale measurements compare with nothing"
+
+
+def test_a_probe_far_behind_ends_even_when_the_moving_load_discards_its_window():
+    """At 8 streams a closed loop's requests in the engine dip between one
+    finishing and the next arriving, and such a window is not filed; a probe
+    that ran far behind in it goes back to the level's best instead of holding."""
+    settings = ControllerSettings(initial=P5)
+    mp = MeasuredPolicy(settings)
+    now = 100.0
+    mp.observe(Window(P5, 1.0, 8.0, 4000, 8.0, 8, 8), now)   # 2 ms at load 8
+    mp.observe(Window(ar(1), 1.0, 8.0, 2000, 6.0, 8, 4), now + 1)  # 4 ms, the load moved: discarded
+    assert mp.level is None and mp.discarded == 1
+    v = mp.judge(now + 1, lambda c: False)
+    assert v.action == "switch" and v.code == "probe_abandoned" and v.plan.config == P5, v.reason
+    assert mp.abandon_above(ar(1), now + 1) is not None, "the last usable level stands in while the load moves"
+    # Close behind (10%): the window says nothing decisive, so the controller waits for a usable one.
+    mp.observe(Window(ar(3), 1.0, 8.0, 3650, 6.0, 8, 4), now + 2)
+    assert mp.judge(now + 2, lambda c: False).code == "load_moving"
