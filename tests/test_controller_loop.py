@@ -383,25 +383,35 @@ def test_observations_are_recorded_for_replay_when_asked(tmp_path):
     assert seen[0].config.enabled and seen[0].num_drafts > 0  # the speculative counters survive the round trip
 
 
+async def eight_running(tmp_path):
+    """A loop over a fake engine with 8 requests running, measuring in windows of
+    at least 0.05 s and 100 tokens per request; (manager, loop, engine, serve),
+    where ``serve(tokens, tpot)`` decodes that much over 0.06 s, then lets the
+    loop close its window if it may."""
+    cfg, manager, service, loop, made = make(tmp_path, **{"controller.measure.window_s": "0.05",
+                                                          "controller.measure.min_tokens": "100"})
+    await manager.start(SpecConfig(True, 5))
+    loop._task = None
+    engine = made[0]
+    engine.snapshot.running = 8
+
+    async def serve(tokens: int, tpot: float = 0.002) -> None:
+        service.meter.decode_seconds += tokens * tpot
+        service.meter.decode_tokens += tokens
+        engine.snapshot.running_seconds += 8 * 0.06
+        await asyncio.sleep(0.06)
+        loop._close_window(engine, time.time())
+
+    return manager, loop, engine, serve
+
+
 def test_a_window_holds_min_tokens_per_request_and_none_spans_the_drafters_return(tmp_path):
     """With 8 requests in the engine a window waits for 8 x min_tokens; the
     window in which drafting resumes after an off that skipped the drafter
     (the engine's draft_epoch moved) is dropped, the next one counts."""
     async def run():
-        cfg, manager, service, loop, made = make(tmp_path, **{"controller.measure.window_s": "0.05",
-                                                              "controller.measure.min_tokens": "100"})
-        await manager.start(SpecConfig(True, 5))
-        loop._task = None
-        engine, mp = made[0], loop.ctl.measured
-        engine.snapshot.running = 8
-
-        async def serve(tokens: int) -> None:
-            service.meter.decode_seconds += tokens * 0.002
-            service.meter.decode_tokens += tokens
-            engine.snapshot.running_seconds += 8 * 0.06
-            await asyncio.sleep(0.06)
-            loop._close_window(engine, time.time())
-
+        manager, loop, engine, serve = await eight_running(tmp_path)
+        mp = loop.ctl.measured
         loop._close_window(engine, time.time())  # opens the first window
         await serve(500)
         assert mp.windows == 0, "500 tokens over 8 requests is not a window at 100 per request"
@@ -422,20 +432,8 @@ def test_a_probe_far_behind_the_best_ends_its_window_early(tmp_path):
     measure.abandon_above slower than the best measured config ends its window
     once it holds a quarter of that, while a close one runs its length."""
     async def run(probe_tpot: float) -> int:
-        cfg, manager, service, loop, made = make(tmp_path, **{"controller.measure.window_s": "0.05",
-                                                              "controller.measure.min_tokens": "100"})
-        await manager.start(SpecConfig(True, 5))
-        loop._task = None
-        engine, mp = made[0], loop.ctl.measured
-        engine.snapshot.running = 8
-
-        async def serve(tokens: int, tpot: float) -> None:
-            service.meter.decode_seconds += tokens * tpot
-            service.meter.decode_tokens += tokens
-            engine.snapshot.running_seconds += 8 * 0.06
-            await asyncio.sleep(0.06)
-            loop._close_window(engine, time.time())
-
+        manager, loop, engine, serve = await eight_running(tmp_path)
+        mp = loop.ctl.measured
         loop._close_window(engine, time.time())
         await serve(800, 0.002)
         assert mp.windows == 1, "parallel K=5 measured at 2 ms"
