@@ -17,8 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WORK=${WORK:-/work/gpuwheels}
-# A call carries at most 64 MiB, the tracked tree (counted in 4-KiB blocks) beside one part: parts as large as
-# leave 1 MiB spare.
+# A call carries at most 64 MiB: the tracked tree (counted in 4-KiB blocks) and one part, sized to leave 1 MiB spare.
 tree_mib=$(git ls-files -z | xargs -0 stat -c %s | awk '{b += int(($1 + 4095) / 4096) * 4096} END {print int(b / 1048576) + 1}')
 PART_MIB=${PART_MIB:-$((63 - tree_mib))}
 PY=${PY:-python3}

@@ -28,6 +28,11 @@ drafter altogether, so going from it to K=1 adds the drafter's fixed cost
 K=1 on and still have its minimum at no speculation, as at 8 streams on a
 2-core CPU. It is always measured, and its measurement rules nothing out.
 
+A probe far behind the level's best (``measure.abandon_above``) ends its
+window a quarter of the way in, and ends even when the moving load leaves
+that window unfiled: one more second of it would not make it the choice,
+and at high load each second of it slows every stream.
+
 Measurements at other load levels leave out what is far off: a config
 that ran ``measure.prune_above`` slower than the best at the nearest
 other level, with its K beyond its mode's best K there in the direction
