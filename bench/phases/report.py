@@ -3,6 +3,8 @@ phase, every config's figures, and the controller's switches."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from quickdraft.bench.phases.timeline import Phase, phase_at, schedule, streams
 from quickdraft.bench.report import fmt
 
@@ -45,6 +47,33 @@ def _repeats(doc: dict) -> str:
     if not counts:
         return ""
     return f"; each phase has its own slice of the tasks, and {max(counts)} request(s) at most per server repeated a prompt (the phase ran past its slice)"
+
+
+def server_clock_table(doc: dict, phases: Sequence[Phase]) -> list[str]:
+    """Beside client-side figures, every config's mean per-request TPOT as the
+    server timed it (its first to last generated token, from the final
+    message): where text is held back (random weights) or a step has none
+    (a stop token), the two clocks disagree, and by config. Nothing where the
+    run is timed by the server already or no run has the figure."""
+    if doc["spec"].get("clock") == "server":
+        return []
+    rows = []
+    for run in doc["runs"]:
+        cells = []
+        for p in phases:
+            ph = next((x for x in run.get("phases") or [] if x and x.get("phase") == p.index), None)
+            cells.append((((ph or {}).get("settled") or {}).get("server_tpot_ms") or {}).get("mean"))
+        if any(c is not None for c in cells):
+            name = run["label"] + (f" (round {run['round']})" if run.get("round") else "")
+            rows.append(f"| {name} | {' | '.join(_fmt(c) for c in cells)} |")
+    if not rows:
+        return []
+    head = " | ".join(f"phase {p.index + 1}: {streams(p.concurrency)}" for p in phases)
+    return ["## Every config on the server's clock: mean TPOT per request, ms (settled)", "",
+            "The server's own figure per request, from its first to its last generated token: it counts steps whose "
+            "text the client received late or not at all (held back, or a stop token), which the client-side figures "
+            "above leave out. `--clock server` times the whole run this way.", "",
+            f"| config | {head} |", "|---|" + "---|" * len(phases), *rows, ""]
 
 
 def markdown(doc: dict) -> str:
@@ -170,6 +199,7 @@ def markdown(doc: dict) -> str:
         name = run["label"] + (f" (round {run['round']})" if run.get("round") else "")
         lines.append(f"| {name} | {' | '.join(cells)} | {run.get('source', 'this run')} |")
     lines += ["", "Bold: the static config with the lowest TPOT of the phase (settled, all rounds pooled).", ""]
+    lines += server_clock_table(doc, phases)
     for ctl in [r for r in doc["runs"] if r.get("mode") == "controller" and r.get("server")]:
         decisions = [d for d in ctl["server"]["decisions"] if d["action"] != "hold"]
         lines += ["## The controller's engine switches" + (f" (round {ctl['round']})" if ctl.get("round") else ""), ""]

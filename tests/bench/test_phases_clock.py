@@ -41,3 +41,18 @@ def test_statics_timed_on_another_clock_are_refused(tmp_path):
                                 "runs": [], "workload": {}}))
     with pytest.raises(ValueError, match="client's clock"):
         load_statics(path, PhasesSpec(clock="server")), "a run from before --clock was timed by the client"
+
+
+def test_the_report_shows_the_servers_clock_beside_the_clients():
+    from quickdraft.bench.phases.report import server_clock_table
+    from quickdraft.bench.phases.timeline import Phase
+
+    phases = [Phase(0, 1, 0.0, 20.0), Phase(1, 8, 20.0, 40.0)]
+    fig = lambda ms: {"settled": {"tpot_ms_token_weighted": 2.0, "server_tpot_ms": {"mean": ms}}}  # noqa: E731
+    doc = {"spec": {"clock": "client"}, "runs": [
+        {"label": "p7", "phases": [{"phase": 0, **fig(3.34)}, {"phase": 1, **fig(15.87)}]},
+        {"label": "from a sweep", "phases": [{"phase": 0, "settled": {"tpot_ms_token_weighted": 2.0}}]}]}
+    lines = server_clock_table(doc, phases)
+    assert "| config | phase 1: 1 stream | phase 2: 8 streams |" in lines
+    assert "| p7 | 3.34 | 15.87 |" in lines and not any(line.startswith("| from a sweep") for line in lines)
+    assert server_clock_table({**doc, "spec": {"clock": "server"}}, phases) == [], "a run on the server's clock says it once"
