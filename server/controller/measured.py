@@ -414,16 +414,15 @@ class MeasuredPolicy:
         window, discarded because the load moved, ran past ``abandon_above``:
         such a window files nothing, but it says the probe is far behind, and
         holding until the load settles would serve in it window after window."""
-        ceiling = self.abandon_above(active, now)
-        if ceiling is None or self._last_tpot is None or self._last_tpot <= ceiling or self._last_level is None:
+        base = self._probe_baseline(active, now)
+        if base is None or self._last_tpot is None or self._last_tpot <= self._ceiling(base[2]):
             return None
-        fresh = self.table.fresh(self._last_level, now)
-        best = min(fresh, key=lambda c: self.tpot(c, fresh[c]))
-        best_tpot = self.tpot(best, fresh[best])
+        lvl, best, cell = base
+        best_tpot = self.tpot(best, cell)
         return Verdict("switch", "probe_abandoned",
                        f"{active.label()} ran {ms(self._last_tpot)} in a window the moving load left unfiled, over "
                        f"{self.settings.measure.abandon_above:.0%} behind {best.label()} ({ms(best_tpot)}) at load "
-                       f"{self.table.load_of(self._last_level):.1f}: back to it", self.plan(best, self._last_level, best_tpot), 0.0)
+                       f"{self.table.load_of(lvl):.1f}: back to it", self.plan(best, lvl, best_tpot), 0.0)
 
     def _probe_order(self, c: SpecConfig, level: int, active: SpecConfig) -> tuple[float, float]:
         """Likely winners first: by the config's TPOT relative to the best at
@@ -481,14 +480,10 @@ class MeasuredPolicy:
             return beyond and tpot > min(measured.values()) * (1.0 + self.settings.measure.prune_above)
         return False
 
-    def abandon_above(self, serving: SpecConfig, now: float) -> float | None:
-        """While ``serving`` is a probe at the current level (no fresh
-        measurement of its own there), the decode TPOT above which its open
-        window may end early: ``measure.abandon_above`` over the best fresh
-        measurement's decode TPOT. A probe that far behind is not chosen on
-        one more second of evidence, and at high load a full window costs
-        every stream seconds in a slow config. While the load moves, the
-        level of the last usable window stands in. None: let the window run."""
+    def _probe_baseline(self, serving: SpecConfig, now: float) -> tuple[int, SpecConfig, Cell] | None:
+        """While ``serving`` is a probe (no fresh measurement of its own at the
+        level): (level, the best config measured fresh there, its cell). While
+        the load moves, the level of the last usable window stands in."""
         lvl = self.level if self.level is not None else self._last_level
         if lvl is None:
             return None
@@ -496,7 +491,20 @@ class MeasuredPolicy:
         if serving in fresh or not fresh:
             return None
         best = min(fresh, key=lambda c: self.tpot(c, fresh[c]))
-        return fresh[best].decode_tpot_s * (1.0 + self.settings.measure.abandon_above)
+        return lvl, best, fresh[best]
+
+    def abandon_above(self, serving: SpecConfig, now: float) -> float | None:
+        """While ``serving`` is a probe, the decode TPOT above which its open
+        window may end early: ``measure.abandon_above`` over the decode TPOT
+        of the best fresh measurement at the level (``_probe_baseline``). A
+        probe that far behind is not chosen on one more second of evidence,
+        and at high load a full window costs every stream seconds in a slow
+        config. None: let the window run."""
+        base = self._probe_baseline(serving, now)
+        return None if base is None else self._ceiling(base[2])
+
+    def _ceiling(self, best: Cell) -> float:
+        return best.decode_tpot_s * (1.0 + self.settings.measure.abandon_above)
 
     def active_plan(self, now: float) -> Plan | None:
         """The serving config's plan from its measurement at the current level."""
