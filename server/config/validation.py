@@ -492,6 +492,7 @@ def check_measure(m: ctl.MeasureSettings) -> None:
     _rule(1 <= m.levels_per_doubling <= 8, at + "levels_per_doubling", m.levels_per_doubling, "use 1..8")
     _rule(m.stable_ratio > 1.0, at + "stable_ratio", m.stable_ratio, "use a ratio > 1")
     _rule(0 <= m.margin < 0.5, at + "margin", m.margin, "use a small fraction in [0, 0.5)")
+    _rule(0 <= m.switch_z <= 10, at + "switch_z", m.switch_z, "use 0..10 standard errors (0: the plain margin decides)")
     _rule(0 <= m.confirm_within <= 1, at + "confirm_within", m.confirm_within, "use a fraction in [0, 1]")
     _rule(m.stale_s > 0, at + "stale_s", m.stale_s, "use > 0 seconds")
     _rule(0 <= m.refresh_within <= 1, at + "refresh_within", m.refresh_within, "use a fraction in [0, 1]")

@@ -112,7 +112,11 @@ class Cell:
     ttft: dict[str, deque] = field(default_factory=dict)
     """Recent TTFTs per latency class."""
 
-    def add(self, w: Window, now: float, keep: int, ttft_keep: int) -> None:
+    def add(self, w: Window, now: float, keep: int, ttft_keep: int, stale_before: float = -math.inf) -> None:
+        """File ``w``; windows from before ``stale_before`` go: a config measured
+        again is measured afresh, not averaged with what no longer counts."""
+        while self.windows and self.windows[0][0] < stale_before:
+            self.windows.popleft()
         self.windows.append((now, w.decode_seconds, w.decode_tokens, w.drafts, w.accepted))
         while len(self.windows) > keep:
             self.windows.popleft()
@@ -130,6 +134,18 @@ class Cell:
         were counted (None: none were)."""
         drafts = sum(w[3] for w in self.windows)
         return 1.0 + sum(w[4] for w in self.windows) / drafts if drafts else None
+
+    def log_deviations(self) -> tuple[float, int]:
+        """(sum of squared deviations of the windows' log decode TPOT from
+        their mean, degrees of freedom): one cell's share of a level's spread.
+        Each window's own acceptance is taken out (TPOT times its tokens per
+        step), as ``MeasuredPolicy.tpot`` takes it out of the cell's mean."""
+        xs = [math.log(w[1] / w[2] * (1.0 + w[4] / w[3] if w[3] else 1.0))
+              for w in self.windows if w[1] > 0 and w[2] > 0]
+        if len(xs) < 2:
+            return 0.0, 0
+        mean = sum(xs) / len(xs)
+        return sum((x - mean) ** 2 for x in xs), len(xs) - 1
 
     @property
     def measured_at(self) -> float:
@@ -185,11 +201,23 @@ class Measurements:
     def add(self, w: Window, now: float, previous: int | None = None) -> int:
         lvl = self.level(w.load, previous)
         cell = self.cells.setdefault((lvl, w.config), Cell())
-        cell.add(w, now, self.settings.measure.windows_kept, self.settings.slo.window)
+        m = self.settings.measure
+        cell.add(w, now, m.windows_kept, self.settings.slo.window, stale_before=now - m.stale_s)
         return lvl
 
     def get(self, level: int, config: SpecConfig) -> Cell | None:
         return self.cells.get((level, config))
+
+    def spread(self, level: int) -> float | None:
+        """Standard deviation of one window's log decode TPOT at ``level``,
+        pooled over its configs (the load's own noise: prompts arriving,
+        requests finishing); None before two windows of one config."""
+        ss, df = 0.0, 0
+        for (lvl, _c), cell in self.cells.items():
+            if lvl == level:
+                s, d = cell.log_deviations()
+                ss, df = ss + s, df + d
+        return math.sqrt(ss / df) if df else None
 
     def fresh(self, level: int, now: float) -> dict[SpecConfig, Cell]:
         stale_s = self.settings.measure.stale_s
@@ -308,6 +336,9 @@ class MeasuredPolicy:
         self._last_tpot: float | None = None
         """Decode TPOT of the last window that decoded anything, usable or not."""
         self._new_window = False
+        self._chosen: dict[int, SpecConfig] = {}
+        """The config chosen at each level (not a probe): it stays until
+        another is measured faster beyond the windows' noise (``measure.switch_z``)."""
         self.windows = 0
         self.discarded = 0
         self.probes = 0
@@ -396,18 +427,55 @@ class MeasuredPolicy:
             return Verdict("explore", "probe",
                            f"measuring {nxt.label()} again at load {load:.1f}: {ms(tpot[nxt])} in one window, "
                            f"near the best {best.label()} ({ms(tpot[best])})", self.plan(nxt, lvl, tpot[nxt]), 0.0)
+        measured = f"{len(tpot)} configs measured at load {load:.1f}"
+        chosen = self._chosen.get(lvl)
+        if chosen in tpot and rank(chosen)[0] == 0.0:
+            why = ""
+            if best != chosen and rank(best)[0] == 0.0:
+                noise = self._noise(lvl, fresh[chosen], fresh[best])
+                if math.log(tpot[chosen] / tpot[best]) <= noise:
+                    n = len(fresh[best].windows)
+                    why = (f"{best.label()} measured {relative_gain(tpot[chosen], tpot[best]):.0%} faster in {n} "
+                           f"window{'s' if n > 1 else ''} ({ms(tpot[best])} vs {ms(tpot[chosen])}), within the windows' "
+                           f"noise ({math.expm1(noise):.0%})")
+                    if n < len(fresh[chosen].windows):
+                        # As many windows as the choice has before it is held to be no faster.
+                        if best == active:
+                            return Verdict.hold("measuring", f"measuring {best.label()} on at load {load:.1f}: {why}")
+                        self.probes += 1
+                        return Verdict("explore", "probe", f"measuring {best.label()} again at load {load:.1f}: {why}",
+                                       self.plan(best, lvl, tpot[best]), 0.0)
+                    best = chosen
+            if best == chosen:
+                if active == chosen:
+                    return Verdict.hold("best", f"{chosen.label()} stays ({ms(tpot[chosen])})"
+                                        + (f": {why}" if why else ", the fastest measured") + f"; {measured}")
+                if rank(active)[0] > 0.0:
+                    why = f"{chosen.label()} meets the TTFT SLO (measured) and {active.label()} does not"
+                return Verdict("switch", "slo" if rank(active)[0] > 0.0 else "back",
+                               f"back to {chosen.label()} ({ms(tpot[chosen])}) from {active.label()} ({ms(tpot[active])})"
+                               + (f": {why}" if why else "") + f"; {measured}", self.plan(chosen, lvl, tpot[chosen]), 0.0)
         a_tpot, b_tpot = tpot[active], tpot[best]
         gain = relative_gain(a_tpot, b_tpot)
         a_excess, b_excess = self.slo_excess(fresh[active]), self.slo_excess(fresh[best])
         slo_fix = a_excess > 1.0 + self.settings.hysteresis.slo_margin and b_excess <= 1.0
-        measured = f"{len(tpot)} configs measured at load {load:.1f}"
         if best != active and (slo_fix or gain >= self.settings.measure.margin):
             why = (f"{best.label()} meets the TTFT SLO (measured) and {active.label()} does not"
                    if slo_fix else f"{best.label()} measured {gain:.0%} faster than {active.label()} "
                    f"({ms(b_tpot)} vs {ms(a_tpot)})")
+            self._chosen[lvl] = best
             return Verdict("switch", "slo" if slo_fix else "better", f"{why}; {measured}",
                            self.plan(best, lvl, b_tpot, b_excess), gain)
+        self._chosen[lvl] = active
         return Verdict.hold("best", f"{active.label()} is the fastest measured ({ms(a_tpot)}); {measured}")
+
+    def _noise(self, level: int, a: Cell, b: Cell) -> float:
+        """``measure.switch_z`` standard errors of the log difference between
+        two cells' TPOT (0 before the level has a spread: the margin decides)."""
+        spread = self.table.spread(level)
+        if spread is None or self.settings.measure.switch_z <= 0:
+            return 0.0
+        return self.settings.measure.switch_z * spread * math.sqrt(1.0 / max(1, len(a.windows)) + 1.0 / max(1, len(b.windows)))
 
     def _leave_probe(self, active: SpecConfig, now: float) -> Verdict | None:
         """Back to the best config of the last usable level from a probe whose
