@@ -39,7 +39,7 @@ class Decision:
     """Stable short code for metrics labels: "no_data", "best", "within_margin",
     "sustaining", "dwell", "pending", "probe_running", "probe_done", "probe_kept",
     "better", "explore", "kv_pressure", "acceptance_collapse", "slo", "disabled",
-    "rebuild_cost"; measured.py's "measuring", "load_moving", "probe", "probe_abandoned"."""
+    "rebuild_cost"; measured.py's "measuring", "load_moving", "probe", "probe_abandoned", "back"."""
     timestamp: float
     """Controller clock (unix seconds by default)."""
     load: float = 1.0

@@ -28,6 +28,13 @@ drafter altogether, so going from it to K=1 adds the drafter's fixed cost
 K=1 on and still have its minimum at no speculation, as at 8 streams on a
 2-core CPU. It is always measured, and its measurement rules nothing out.
 
+Once a config is the level's choice, another replaces it only when
+measured faster beyond the windows' noise (``measure.switch_z`` standard
+errors of the difference): the serving config's figure is renewed window
+after window, while the others keep the windows their probes took, the
+lowest of which is often a lucky one. A contender faster within the noise
+is measured until it has as many windows as the choice, then judged.
+
 A probe far behind the level's best (``measure.abandon_above``) ends its
 window a quarter of the way in, and ends even when the moving load leaves
 that window unfiled: one more second of it would not make it the choice,
@@ -428,33 +435,9 @@ class MeasuredPolicy:
                            f"measuring {nxt.label()} again at load {load:.1f}: {ms(tpot[nxt])} in one window, "
                            f"near the best {best.label()} ({ms(tpot[best])})", self.plan(nxt, lvl, tpot[nxt]), 0.0)
         measured = f"{len(tpot)} configs measured at load {load:.1f}"
-        chosen = self._chosen.get(lvl)
-        if chosen in tpot and rank(chosen)[0] == 0.0:
-            why = ""
-            if best != chosen and rank(best)[0] == 0.0:
-                noise = self._noise(lvl, fresh[chosen], fresh[best])
-                if math.log(tpot[chosen] / tpot[best]) <= noise:
-                    n = len(fresh[best].windows)
-                    why = (f"{best.label()} measured {relative_gain(tpot[chosen], tpot[best]):.0%} faster in {n} "
-                           f"window{'s' if n > 1 else ''} ({ms(tpot[best])} vs {ms(tpot[chosen])}), within the windows' "
-                           f"noise ({math.expm1(noise):.0%})")
-                    if n < len(fresh[chosen].windows):
-                        # As many windows as the choice has before it is held to be no faster.
-                        if best == active:
-                            return Verdict.hold("measuring", f"measuring {best.label()} on at load {load:.1f}: {why}")
-                        self.probes += 1
-                        return Verdict("explore", "probe", f"measuring {best.label()} again at load {load:.1f}: {why}",
-                                       self.plan(best, lvl, tpot[best]), 0.0)
-                    best = chosen
-            if best == chosen:
-                if active == chosen:
-                    return Verdict.hold("best", f"{chosen.label()} stays ({ms(tpot[chosen])})"
-                                        + (f": {why}" if why else ", the fastest measured") + f"; {measured}")
-                if rank(active)[0] > 0.0:
-                    why = f"{chosen.label()} meets the TTFT SLO (measured) and {active.label()} does not"
-                return Verdict("switch", "slo" if rank(active)[0] > 0.0 else "back",
-                               f"back to {chosen.label()} ({ms(tpot[chosen])}) from {active.label()} ({ms(tpot[active])})"
-                               + (f": {why}" if why else "") + f"; {measured}", self.plan(chosen, lvl, tpot[chosen]), 0.0)
+        kept = self._keep_choice(lvl, active, best, tpot, fresh, rank, f"load {load:.1f}", measured)
+        if kept is not None:
+            return kept
         a_tpot, b_tpot = tpot[active], tpot[best]
         gain = relative_gain(a_tpot, b_tpot)
         a_excess, b_excess = self.slo_excess(fresh[active]), self.slo_excess(fresh[best])
@@ -468,6 +451,41 @@ class MeasuredPolicy:
                            self.plan(best, lvl, b_tpot, b_excess), gain)
         self._chosen[lvl] = active
         return Verdict.hold("best", f"{active.label()} is the fastest measured ({ms(a_tpot)}); {measured}")
+
+    def _keep_choice(self, lvl: int, active: SpecConfig, best: SpecConfig, tpot: dict[SpecConfig, float],
+                     fresh: dict[SpecConfig, Cell], rank: Callable, at: str, measured: str) -> Verdict | None:
+        """Where the level has a choice that meets the SLOs and ``best`` (the
+        fastest measured) is not faster beyond the windows' noise: hold it, go
+        back to it from a probe, or first give ``best`` as many windows as it
+        has. None: the plain rule decides (no choice yet, or ``best`` is
+        faster beyond the noise, or the choice misses an SLO)."""
+        chosen = self._chosen.get(lvl)
+        if chosen not in tpot or rank(chosen)[0] > 0.0:
+            return None
+        why = ""
+        if best != chosen:
+            noise = self._noise(lvl, fresh[chosen], fresh[best])
+            if rank(best)[0] > 0.0 or math.log(tpot[chosen] / tpot[best]) > noise:
+                return None
+            n = len(fresh[best].windows)
+            why = (f"{best.label()} measured {relative_gain(tpot[chosen], tpot[best]):.0%} faster in {n} "
+                   f"window{'s' if n > 1 else ''} ({ms(tpot[best])} vs {ms(tpot[chosen])}), within the windows' "
+                   f"noise ({math.expm1(noise):.0%})")
+            if n < len(fresh[chosen].windows):
+                if best == active:
+                    return Verdict.hold("measuring", f"measuring {best.label()} on at {at}: {why}")
+                self.probes += 1
+                return Verdict("explore", "probe", f"measuring {best.label()} again at {at}: {why}",
+                               self.plan(best, lvl, tpot[best]), 0.0)
+        if active == chosen:
+            return Verdict.hold("best", f"{chosen.label()} stays ({ms(tpot[chosen])})"
+                                + (f": {why}" if why else ", the fastest measured") + f"; {measured}")
+        slo = rank(active)[0] > 0.0
+        if slo:
+            why = f"{chosen.label()} meets the TTFT SLO (measured) and {active.label()} does not"
+        return Verdict("switch", "slo" if slo else "back",
+                       f"back to {chosen.label()} ({ms(tpot[chosen])}) from {active.label()} ({ms(tpot[active])})"
+                       + (f": {why}" if why else "") + f"; {measured}", self.plan(chosen, lvl, tpot[chosen]), 0.0)
 
     def _noise(self, level: int, a: Cell, b: Cell) -> float:
         """``measure.switch_z`` standard errors of the log difference between
