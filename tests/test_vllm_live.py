@@ -182,9 +182,11 @@ def test_drafter_pass_is_skipped_at_k0_only_when_told():
     assert _propose(proposer, 3).shape == (3, 3) and proposer.calls == [0, 3]
 
 
-def test_drafting_resumed_after_a_skipped_off_period_gets_a_new_cache_salt():
-    """Blocks computed while the drafter was skipped hold no drafter KV: requests
-    after drafting resumes carry a new prefix-cache salt, so they never reuse them."""
+def test_requests_started_while_the_drafter_is_skipped_get_a_cache_salt_of_their_own():
+    """Blocks computed while the drafter was skipped hold no drafter KV: the
+    requests started then carry a prefix-cache salt of their own, which
+    requests that draft never carry, so they never reuse those blocks; and
+    requests that draft keep hitting what was cached before the off period."""
     import asyncio
 
     from quickdraft.server.config import QuickdraftConfig
@@ -220,7 +222,7 @@ def test_drafting_resumed_after_a_skipped_off_period_gets_a_new_cache_salt():
             seen.append((told[-1][-1], salt(engine)))
         return seen
 
-    assert asyncio.run(go(True)) == [(False, None), (True, None), (False, "quickdraft-drafting-1"),
-                                     (False, "quickdraft-drafting-1"), (True, "quickdraft-drafting-1"),
-                                     (True, "quickdraft-drafting-1"), (False, "quickdraft-drafting-2")]
+    off = "quickdraft-no-drafter"
+    assert asyncio.run(go(True)) == [(False, None), (True, off), (False, None), (False, None), (True, off),
+                                     (True, off), (False, None)]
     assert all(s == (False, None) for s in asyncio.run(go(False)))
