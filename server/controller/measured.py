@@ -344,6 +344,9 @@ class MeasuredPolicy:
         """Decode TPOT of the last window that decoded anything, usable or not."""
         self._new_window = False
         self._chosen: dict[int, SpecConfig] = {}
+        self._abandoned: dict[tuple[int, SpecConfig], float] = {}
+        """(level, config) -> when a probe of it was left far behind in a window
+        the moving load discarded: not probed there again for ``stale_s``."""
         """The config chosen at each level (not a probe): it stays until
         another is measured faster beyond the windows' noise (``measure.switch_z``)."""
         self.windows = 0
@@ -409,7 +412,8 @@ class MeasuredPolicy:
         limit = min(tpot.values()) * (1.0 + self.settings.measure.refresh_within)
         unmeasured = [c for c in candidates if c not in tpot and stale.get(c, 0.0) <= limit
                       and not ruled_out(c, known, self.settings.measure.confirm_within)
-                      and not self._far_off(c, lvl, stale)]
+                      and not self._far_off(c, lvl, stale)
+                      and now - self._abandoned.get((lvl, c), -math.inf) > self.settings.measure.stale_s]
         if unmeasured:
             nxt = min(unmeasured, key=lambda c: self._probe_order(c, lvl, active))
             self.probes += 1
@@ -505,6 +509,9 @@ class MeasuredPolicy:
             return None
         lvl, best, cell = base
         best_tpot = self.tpot(best, cell)
+        # Its window files nothing, so without this the probe would be taken
+        # again at the next usable window, and abandoned again.
+        self._abandoned[(lvl, active)] = now
         return Verdict("switch", "probe_abandoned",
                        f"{active.label()} ran {ms(self._last_tpot)} in a window the moving load left unfiled, over "
                        f"{self.settings.measure.abandon_above:.0%} behind {best.label()} ({ms(best_tpot)}) at load "

@@ -403,6 +403,27 @@ def test_a_probe_far_behind_ends_even_when_the_moving_load_discards_its_window()
     assert mp.judge(now + 2, lambda c: False).code == "load_moving"
 
 
+def test_a_probe_abandoned_in_a_discarded_window_is_not_taken_again_at_that_level():
+    """Its window filed nothing, so ar1 is still unmeasured at load 8: without
+    a note of the abandon, the next usable window of p5 would probe it again,
+    and again (three times in one 30-s phase of a CPU run)."""
+    settings = ControllerSettings(initial=P5)
+    mp = MeasuredPolicy(settings)
+    banned = lambda c: c not in (P5, ar(1))  # noqa: E731
+    now = 100.0
+    mp.observe(Window(P5, 1.0, 8.0, 4000, 8.0, 8, 8), now)
+    v = mp.judge(now, banned)
+    assert v.action == "explore" and v.plan.config == ar(1)
+    mp.observe(Window(ar(1), 1.0, 8.0, 2000, 6.0, 8, 4), now + 1)   # 4 ms, the load moved
+    assert mp.judge(now + 1, banned).code == "probe_abandoned"
+    mp.observe(Window(P5, 1.0, 8.0, 4000, 8.0, 8, 8), now + 2)
+    v = mp.judge(now + 2, banned)
+    assert v.action == "hold" and v.code == "best", v.reason
+    later = now + 3 + settings.measure.stale_s
+    mp.observe(Window(P5, 1.0, 8.0, 4000, 8.0, 8, 8), later)
+    assert mp.judge(later, banned).plan.config == ar(1), "after stale_s it is worth a window again"
+
+
 
 def _serve(mp: MeasuredPolicy, config: SpecConfig, tpot_ms: float, now: float, banned) -> "Verdict":
     """One 1-stream window of ``config`` at ``tpot_ms``, then the policy's verdict."""
