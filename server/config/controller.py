@@ -350,15 +350,16 @@ class MeasureSettings:
     end, and on average) spread more than this ratio: the load was moving."""
     margin: float = 0.03
     """Measured TPOT gain over the serving config needed to switch."""
-    switch_z: float = 1.5
+    switch_z: float = 0.0
     """Once a config is the choice at a load level, another replaces it only
     when measured faster by more than this many standard errors of the
     difference (the spread of the level's windows, pooled over its configs,
     over the square root of each config's windows): the serving config is
     measured window after window while the others keep the windows their
-    probes took, so the lowest of those is often a lucky one, and chasing it
-    serves worse configs than it gains. A probe that is not faster by that
-    much goes back to the choice. 0: the plain ``margin`` decides."""
+    probes took, and the lowest of those may be a lucky one. A probe not
+    faster by that much goes back to the choice. 0 (default): the plain
+    ``margin`` decides; 1.5 measured level with it on the 2-core CPU
+    (docs/benchmarks.md)."""
     confirm_within: float = 0.10
     """A config measured in one window only, within this fraction of the
     best, is measured in a second window before the choice (a window's

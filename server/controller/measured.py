@@ -28,12 +28,12 @@ drafter altogether, so going from it to K=1 adds the drafter's fixed cost
 K=1 on and still have its minimum at no speculation, as at 8 streams on a
 2-core CPU. It is always measured, and its measurement rules nothing out.
 
-Once a config is the level's choice, another replaces it only when
-measured faster beyond the windows' noise (``measure.switch_z`` standard
-errors of the difference): the serving config's figure is renewed window
-after window, while the others keep the windows their probes took, the
-lowest of which is often a lucky one. A contender faster within the noise
-is measured until it has as many windows as the choice, then judged.
+A probe that reads no faster than the level's choice goes back to it. With
+``measure.switch_z`` set, another config replaces the choice only when
+measured faster beyond the windows' noise (that many standard errors of the
+difference): the serving config's figure is renewed window after window,
+while the others keep the windows their probes took, the lowest of which
+may be a lucky one.
 
 A probe far behind the level's best (``measure.abandon_above``) ends its
 window a quarter of the way in, and ends even when the moving load leaves
@@ -475,12 +475,6 @@ class MeasuredPolicy:
             why = (f"{best.label()} measured {relative_gain(tpot[chosen], tpot[best]):.0%} faster in {n} "
                    f"window{'s' if n > 1 else ''} ({ms(tpot[best])} vs {ms(tpot[chosen])}), within the windows' "
                    f"noise ({math.expm1(noise):.0%})")
-            if n < len(fresh[chosen].windows):
-                if best == active:
-                    return Verdict.hold("measuring", f"measuring {best.label()} on at {at}: {why}")
-                self.probes += 1
-                return Verdict("explore", "probe", f"measuring {best.label()} again at {at}: {why}",
-                               self.plan(best, lvl, tpot[best]), 0.0)
         if active == chosen:
             return Verdict.hold("best", f"{chosen.label()} stays ({ms(tpot[chosen])})"
                                 + (f": {why}" if why else ", the fastest measured") + f"; {measured}")
