@@ -344,11 +344,12 @@ class MeasuredPolicy:
         """Decode TPOT of the last window that decoded anything, usable or not."""
         self._new_window = False
         self._chosen: dict[int, SpecConfig] = {}
+        """The config chosen at each level (not a probe): a probe no faster goes
+        back to it, and with ``measure.switch_z`` it stays until another is
+        measured faster beyond the windows' noise."""
         self._abandoned: dict[tuple[int, SpecConfig], float] = {}
         """(level, config) -> when a probe of it was left far behind in a window
         the moving load discarded: not probed there again for ``stale_s``."""
-        """The config chosen at each level (not a probe): it stays until
-        another is measured faster beyond the windows' noise (``measure.switch_z``)."""
         self.windows = 0
         self.discarded = 0
         self.probes = 0
@@ -439,7 +440,7 @@ class MeasuredPolicy:
                            f"measuring {nxt.label()} again at load {load:.1f}: {ms(tpot[nxt])} in one window, "
                            f"near the best {best.label()} ({ms(tpot[best])})", self.plan(nxt, lvl, tpot[nxt]), 0.0)
         measured = f"{len(tpot)} configs measured at load {load:.1f}"
-        kept = self._keep_choice(lvl, active, best, tpot, fresh, rank, f"load {load:.1f}", measured)
+        kept = self._keep_choice(lvl, active, best, tpot, fresh, rank, measured)
         if kept is not None:
             return kept
         a_tpot, b_tpot = tpot[active], tpot[best]
@@ -457,12 +458,12 @@ class MeasuredPolicy:
         return Verdict.hold("best", f"{active.label()} is the fastest measured ({ms(a_tpot)}); {measured}")
 
     def _keep_choice(self, lvl: int, active: SpecConfig, best: SpecConfig, tpot: dict[SpecConfig, float],
-                     fresh: dict[SpecConfig, Cell], rank: Callable, at: str, measured: str) -> Verdict | None:
+                     fresh: dict[SpecConfig, Cell], rank: Callable, measured: str) -> Verdict | None:
         """Where the level has a choice that meets the SLOs and ``best`` (the
-        fastest measured) is not faster beyond the windows' noise: hold it, go
-        back to it from a probe, or first give ``best`` as many windows as it
-        has. None: the plain rule decides (no choice yet, or ``best`` is
-        faster beyond the noise, or the choice misses an SLO)."""
+        fastest measured) is not faster beyond the windows' noise (0 with
+        ``switch_z`` off: ``best`` is the choice itself): hold it, or go back
+        to it from a probe. None: the plain rule decides (no choice yet,
+        ``best`` faster beyond the noise, or the choice misses an SLO)."""
         chosen = self._chosen.get(lvl)
         if chosen not in tpot or rank(chosen)[0] > 0.0:
             return None
