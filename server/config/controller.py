@@ -358,8 +358,8 @@ class MeasureSettings:
     measured window after window while the others keep the windows their
     probes took, and the lowest of those may be a lucky one. A probe not
     faster by that much goes back to the choice. 0 (default): the plain
-    ``margin`` decides; 1.5 measured level with it on the 2-core CPU
-    (docs/benchmarks.md)."""
+    ``margin`` decides; on the 2-core CPU a controller with 1.5 measured
+    level with one at 0 (docs/benchmarks.md)."""
     confirm_within: float = 0.10
     """A config measured in one window only, within this fraction of the
     best, is measured in a second window before the choice (a window's
