@@ -489,10 +489,11 @@ class MeasuredPolicy:
     def _noise(self, level: int, a: Cell, b: Cell) -> float:
         """``measure.switch_z`` standard errors of the log difference between
         two cells' TPOT (0 before the level has a spread: the margin decides)."""
-        spread = self.table.spread(level)
-        if spread is None or self.settings.measure.switch_z <= 0:
+        z = self.settings.measure.switch_z
+        spread = self.table.spread(level) if z > 0 else None  # every cell of the level: skip it when off
+        if spread is None:
             return 0.0
-        return self.settings.measure.switch_z * spread * math.sqrt(1.0 / max(1, len(a.windows)) + 1.0 / max(1, len(b.windows)))
+        return z * spread * math.sqrt(1.0 / max(1, len(a.windows)) + 1.0 / max(1, len(b.windows)))
 
     def _leave_probe(self, active: SpecConfig, now: float) -> Verdict | None:
         """Back to the best config of the last usable level from a probe whose
