@@ -235,13 +235,21 @@ class ControllerLoop:
 
     async def tick(self) -> None:
         engine = self.engines.engine
-        if engine is None or not self.engines.serving or self.pinned is not None:
+        if engine is None or not self.engines.serving:
             self._window = None
+            return
+        self.ctl.set_warm(self.engines.standby, live=self.engines.live_can_serve)
+        if self.pinned is not None:
+            # The controller learns nothing from a pin; its windows are still
+            # written out, as what one config measures window after window.
+            if self._observations_out is not None and self.ctl.measuring:
+                self._close_window(engine, self.clock(), learn=False)
+            else:
+                self._window = None
             return
         snap = engine.snapshot
         now = self.clock()
         self.ctl.observe_engine(EngineSnapshot(running=snap.running, waiting=snap.waiting, kv_cache_usage=min(1.0, max(0.0, snap.kv_cache_usage))), now=now)
-        self.ctl.set_warm(self.engines.standby, live=self.engines.live_can_serve)
         if self.ctl.measuring:
             self._close_window(engine, now)
         else:
@@ -270,16 +278,19 @@ class ControllerLoop:
             self.failed_switches += 1
             self.ctl.apply_failed(decision, "the switch failed (see the log)", now=self.clock())
 
-    def _close_window(self, engine, now: float) -> None:
+    def _close_window(self, engine, now: float, learn: bool = True) -> None:
         """Hand the controller what was served since the last window, once the
         window is long enough and decoded enough tokens, or at ten windows'
         time whatever it decoded (short completions on a slow machine); one
-        that ran into another engine or setting, or decoded nothing, is dropped."""
+        that ran into another engine or setting, or decoded nothing, is dropped.
+        ``learn`` False (a pin): the window is only written out."""
         meter, snap, m = self.service.meter, engine.snapshot, self.cfg.controller.measure
         start = self._window
         self._window = _WindowStart(engine, engine.spec, time.monotonic(), time.perf_counter(), snap.running_seconds,
                                     snap.running, meter.decode_seconds, meter.decode_tokens, snap.drafts,
-                                    tuple(snap.accepted_per_position), snap.in_system_seconds, snap.running + snap.waiting)
+                                    tuple(snap.accepted_per_position), snap.in_system_seconds, snap.running + snap.waiting,
+                                    snap.steps, snap.busy_seconds, snap.prefill_steps, snap.prefill_step_seconds,
+                                    snap.prefill_tokens)
         if start is None or start.engine is not engine or start.spec != engine.spec or self.engines.building:
             return
         epoch = getattr(engine, "draft_epoch", 0)
@@ -292,7 +303,7 @@ class ControllerLoop:
         seconds = self._window.monotonic - start.monotonic
         tokens = meter.decode_tokens - start.decode_tokens
         if seconds < m.window_s or tokens < m.min_tokens * max(1, start.in_system):
-            if seconds < 10 * m.window_s and not self._abandon(engine, start, seconds, tokens, now):
+            if seconds < 10 * m.window_s and not (learn and self._abandon(engine, start, seconds, tokens, now)):
                 self._window = start  # keep it open
                 return
             if tokens <= 0:
@@ -302,10 +313,22 @@ class ControllerLoop:
         first = tuple((cls, ttft) for cls, ttft, at in list(meter.first_tokens) if at >= start.perf)
         accepted = tuple(a - (start.accepted[i] if i < len(start.accepted) else 0)
                          for i, a in enumerate(snap.accepted_per_position))
-        self.ctl.observe_window(Window(
+        window = Window(
             engine.spec.at(max(1.0, running)), seconds, meter.decode_seconds - start.decode_seconds, tokens, running,
             start.running, snap.running, first, drafts=snap.drafts - start.drafts, accepted_per_position=accepted,
-            offered=offered, offered_start=start.in_system, offered_end=snap.running + snap.waiting), now=now)
+            offered=offered, offered_start=start.in_system, offered_end=snap.running + snap.waiting,
+            steps=snap.steps - start.steps, busy_seconds=snap.busy_seconds - start.busy_seconds,
+            prefill_steps=snap.prefill_steps - start.prefill_steps,
+            prefill_step_seconds=snap.prefill_step_seconds - start.prefill_step_seconds,
+            prefill_tokens=snap.prefill_tokens - start.prefill_tokens)
+        if learn:
+            self.ctl.observe_window(window, now=now)
+        if self._observations_out is not None:
+            record = {"t": round(now, 3), "window": window.to_dict()}
+            if not learn:
+                record["pinned"] = True
+            self._observations_out.write(json.dumps(record) + "\n")
+            self._observations_out.flush()
 
     def _abandon(self, engine, start: "_WindowStart", seconds: float, tokens: int, now: float) -> bool:
         """Whether a probe's open window ends early: a quarter of its tokens in,
@@ -346,3 +369,8 @@ class _WindowStart:
     accepted: tuple[int, ...]
     in_system_seconds: float
     in_system: int
+    steps: int
+    busy_seconds: float
+    prefill_steps: int
+    prefill_step_seconds: float
+    prefill_tokens: int

@@ -5,6 +5,7 @@ Fake engines, real Controller."""
 from __future__ import annotations
 
 import asyncio
+import json
 import dataclasses
 import time
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ import pytest
 
 from quickdraft.server.config import load_config
 from quickdraft.server.controller import Decision
+from quickdraft.server.controller.measured import Window
 from quickdraft.server.controller_loop import ControllerLoop, runnable
 from quickdraft.server.engine_manager import EngineManager
 from quickdraft.server.speculative import SpecConfig
@@ -357,8 +359,6 @@ def test_standby_engines_are_validated():
 
 
 def test_observations_are_recorded_for_replay_when_asked(tmp_path):
-    import json
-
     from quickdraft.server.controller import Observation
 
     path = tmp_path / "observations.jsonl"
@@ -377,19 +377,19 @@ def test_observations_are_recorded_for_replay_when_asked(tmp_path):
         return seen
 
     seen = asyncio.run(run())
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines = [d for d in map(json.loads, path.read_text().splitlines()) if "observation" in d]
     assert len(seen) == len(lines) == 2
     assert [Observation.from_dict(d["observation"]) for d in lines] == seen
     assert seen[0].config.enabled and seen[0].num_drafts > 0  # the speculative counters survive the round trip
 
 
-async def eight_running(tmp_path):
+async def eight_running(tmp_path, **overrides):
     """A loop over a fake engine with 8 requests running, measuring in windows of
     at least 0.05 s and 100 tokens per request; (manager, loop, engine, serve),
     where ``serve(tokens, tpot)`` decodes that much over 0.06 s, then lets the
     loop close its window if it may."""
     cfg, manager, service, loop, made = make(tmp_path, **{"controller.measure.window_s": "0.05",
-                                                          "controller.measure.min_tokens": "100"})
+                                                          "controller.measure.min_tokens": "100", **overrides})
     await manager.start(SpecConfig(True, 5))
     loop._task = None
     engine = made[0]
@@ -425,6 +425,38 @@ def test_a_window_holds_min_tokens_per_request_and_none_spans_the_drafters_retur
         await manager.stop()
 
     asyncio.run(run())
+
+
+def test_windows_are_written_out_also_under_a_pin_which_teaches_the_controller_nothing(tmp_path):
+    """controller.observations_file gets every window (with the engine's step
+    and prefill counts); under an operator's pin the windows are still written,
+    marked pinned, and the controller files none of them."""
+    path = tmp_path / "obs.jsonl"
+
+    async def run():
+        manager, loop, engine, serve = await eight_running(tmp_path, **{"controller.observations_file": str(path)})
+        mp = loop.ctl.measured
+        snap = engine.snapshot
+        loop.pinned = SpecConfig(True, 5)
+        await loop.tick()  # opens the first window under the pin
+        loop.service.meter.decode_seconds += 1000 * 0.002
+        loop.service.meter.decode_tokens += 1000
+        snap.running_seconds += 8 * 0.06
+        snap.steps, snap.busy_seconds, snap.prefill_steps, snap.prefill_step_seconds, snap.prefill_tokens = 40, 0.5, 4, 0.1, 2000
+        await asyncio.sleep(0.06)
+        await loop.tick()  # closes it
+        assert mp.windows == 0, "a pinned window taught the controller"
+        loop.pinned = None
+        await serve(1000)  # the next window, unpinned, is filed
+        await manager.stop()
+        return mp.windows
+
+    assert asyncio.run(run()) == 1
+    windows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [w.get("pinned", False) for w in windows] == [True, False]
+    first = Window.from_dict(windows[0]["window"])
+    assert (first.steps, first.prefill_steps, first.prefill_tokens, first.decode_tokens) == (40, 4, 2000, 1000)
+    assert first.config == SpecConfig(True, 5)
 
 
 def test_a_probe_far_behind_the_best_ends_its_window_early(tmp_path):

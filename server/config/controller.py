@@ -341,6 +341,14 @@ class MeasureSettings:
     load moved, the probe ends all the same: the controller goes back to the
     best config it measured at the level before. A large value (e.g. 100)
     lets every window run its length."""
+    prefill_adjust: bool = True
+    """Charge each config its prefills' cost at the load level's prefill
+    rate (prompt tokens prefilled per decode token, over every config's
+    windows there) instead of at the arrivals its own windows caught. With
+    many streams most steps also prefill someone's prompt: a window that
+    caught more arrivals reads slower, by as much as a third, whichever
+    config served it. The engine's steps say what a prefill step costs
+    beyond a decode-only one. False: each config's raw decode TPOT."""
     windows_kept: int = 4
     """Windows kept per (load level, config); its TPOT is their token-weighted mean."""
     levels_per_doubling: int = 2
@@ -431,9 +439,10 @@ class ControllerConfig(ControllerPolicy):
     core. 0: every switch the serving engine cannot make live rebuilds."""
     observations_file: str | None = None
     """Append every observation the controller takes to this file (JSON
-    lines: ``t``, the controller clock's Unix time, and the Observation), to
-    replay a live run offline (``Observation.from_dict``, ``sim.TraceEngine``).
-    None: off."""
+    lines: ``t``, the controller clock's Unix time, and either
+    ``observation``, a finished request, or ``window``, a measurement window),
+    to replay a live run offline (``Observation.from_dict``,
+    ``Window.from_dict``, ``sim.TraceEngine``). None: off."""
 
     @property
     def ttft_slo_s(self) -> dict[str, float]:

@@ -345,7 +345,7 @@ class Controller:
             observations=self.observations,
             profile_path=self.profile_path,
             measuring=self.measuring,
-            measured=tuple(MeasuredView(self.measured.table.load_of(lvl), c, self.measured.tpot(c, cell), len(cell.windows),
+            measured=tuple(MeasuredView(self.measured.table.load_of(lvl), c, self.measured.tpot(c, cell, lvl), len(cell.windows),
                                         now - cell.measured_at)
                            for (lvl, c), cell in sorted(self.measured.table.cells.items()) if cell.windows),
         )

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Iterable
 
 from ..config.controller import ControllerSettings
@@ -86,11 +86,48 @@ class Window:
     offered_start: int = 0
     offered_end: int = 0
     """... and at the window's start and end."""
+    steps: int = 0
+    """Engine steps in the window ..."""
+    busy_seconds: float = 0.0
+    """... their time (idle gaps left out) ..."""
+    prefill_steps: int = 0
+    prefill_step_seconds: float = 0.0
+    """... of which the steps that finished a prefill, and their time ..."""
+    prefill_tokens: int = 0
+    """... and the prompt tokens those prefills computed (0 throughout: not counted)."""
+
+    def to_dict(self) -> dict:
+        """The window as JSON-ready values (``controller.observations_file``)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["config"] = self.config.to_dict()
+        d["first_tokens"] = [list(x) for x in self.first_tokens]
+        d["accepted_per_position"] = list(self.accepted_per_position)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Window":
+        return cls(**{**d, "config": SpecConfig.from_dict(d["config"]),
+                      "first_tokens": tuple(tuple(x) for x in d.get("first_tokens", ())),
+                      "accepted_per_position": tuple(d.get("accepted_per_position", ()))})
 
     @property
     def accepted(self) -> int:
         """Draft tokens accepted over the window."""
         return sum(self.accepted_per_position)
+
+    @property
+    def prefill_cost(self) -> float | None:
+        """Stream-seconds the window's prefills cost the streams decoding
+        beside them: the prefill steps' time beyond a decode-only step's, times
+        the requests running. 0 without prefills; None where every step
+        prefilled (no decode-only step to set the difference against)."""
+        if self.prefill_tokens <= 0 or self.prefill_steps <= 0:
+            return 0.0
+        decode_steps = self.steps - self.prefill_steps
+        if decode_steps <= 0:
+            return None
+        step = (self.busy_seconds - self.prefill_step_seconds) / decode_steps
+        return max(0.0, self.running * (self.prefill_step_seconds - self.prefill_steps * step))
 
     @property
     def load(self) -> float:
@@ -115,7 +152,9 @@ class Cell:
     """Measurements of one config at one load level."""
 
     windows: deque = field(default_factory=deque)
-    """(time, decode seconds, decode tokens, drafts, accepted), newest last."""
+    """(time, decode seconds, decode tokens, drafts, accepted, prefill cost,
+    prompt tokens prefilled beside decoding streams, those of them whose
+    cost was measured), newest last."""
     ttft: dict[str, deque] = field(default_factory=dict)
     """Recent TTFTs per latency class."""
 
@@ -124,7 +163,9 @@ class Cell:
         again is measured afresh, not averaged with what no longer counts."""
         while self.windows and self.windows[0][0] < stale_before:
             self.windows.popleft()
-        self.windows.append((now, w.decode_seconds, w.decode_tokens, w.drafts, w.accepted))
+        cost = w.prefill_cost
+        self.windows.append((now, w.decode_seconds, w.decode_tokens, w.drafts, w.accepted,
+                             cost or 0.0, w.prefill_tokens, w.prefill_tokens if cost is not None else 0))
         while len(self.windows) > keep:
             self.windows.popleft()
         for cls, t in w.first_tokens:
@@ -136,19 +177,35 @@ class Cell:
         return sum(w[1] for w in self.windows) / max(1, sum(w[2] for w in self.windows))
 
     @property
+    def prefill_tokens(self) -> tuple[int, int]:
+        """(prompt tokens prefilled beside decoding streams, decode tokens) over the windows."""
+        return sum(w[6] for w in self.windows), sum(w[2] for w in self.windows)
+
+    def split(self) -> tuple[float, float]:
+        """(decode TPOT without the prefills' cost, that cost per prompt token
+        prefilled): the config's own step time, and what an arrival costs
+        the streams decoding beside it in this config."""
+        tokens = max(1, sum(w[2] for w in self.windows))
+        cost = sum(w[5] for w in self.windows)
+        measured = sum(w[7] for w in self.windows)
+        return (sum(w[1] for w in self.windows) - cost) / tokens, cost / measured if measured else 0.0
+
+    @property
     def tokens_per_step(self) -> float | None:
         """Mean tokens a request got per step over the windows whose drafts
         were counted (None: none were)."""
         drafts = sum(w[3] for w in self.windows)
         return 1.0 + sum(w[4] for w in self.windows) / drafts if drafts else None
 
-    def log_deviations(self) -> tuple[float, int]:
+    def log_deviations(self, prefill_rate: float = 0.0) -> tuple[float, int]:
         """(sum of squared deviations of the windows' log decode TPOT from
         their mean, degrees of freedom): one cell's share of a level's spread.
-        Each window's own acceptance is taken out (TPOT times its tokens per
-        step), as ``MeasuredPolicy.tpot`` takes it out of the cell's mean."""
-        xs = [math.log(w[1] / w[2] * (1.0 + w[4] / w[3] if w[3] else 1.0))
-              for w in self.windows if w[1] > 0 and w[2] > 0]
+        Each window's own acceptance and arrivals are taken out (its decode
+        part times its tokens per step, plus the cell's prefill cost at
+        ``prefill_rate``), as ``MeasuredPolicy.tpot`` takes them out of the cell's mean."""
+        per_token = self.split()[1] * prefill_rate
+        xs = [math.log((w[1] - w[5]) / w[2] * (1.0 + w[4] / w[3] if w[3] else 1.0) + per_token)
+              for w in self.windows if w[1] - w[5] > 0 and w[2] > 0]
         if len(xs) < 2:
             return 0.0, 0
         mean = sum(xs) / len(xs)
@@ -220,11 +277,27 @@ class Measurements:
         pooled over its configs (the load's own noise: prompts arriving,
         requests finishing); None before two windows of one config."""
         ss, df = 0.0, 0
+        rate = self.prefill_rate(level)
         for (lvl, _c), cell in self.cells.items():
             if lvl == level:
-                s, d = cell.log_deviations()
+                s, d = cell.log_deviations(rate)
                 ss, df = ss + s, df + d
         return math.sqrt(ss / df) if df else None
+
+    def prefill_rate(self, level: int) -> float:
+        """Prompt tokens prefilled beside decoding streams per decode token,
+        over every window at ``level``, whichever config served it: the
+        workload's, not a config's (prompts over completions, less what the
+        prefix cache holds), so each config is charged its prefill cost at
+        this one rate rather than at the arrivals its own windows happened to catch."""
+        if not self.settings.measure.prefill_adjust:
+            return 0.0
+        prefilled = decoded = 0
+        for (lvl, _c), cell in self.cells.items():
+            if lvl == level:
+                p, d = cell.prefill_tokens
+                prefilled, decoded = prefilled + p, decoded + d
+        return prefilled / decoded if decoded else 0.0
 
     def fresh(self, level: int, now: float) -> dict[SpecConfig, Cell]:
         stale_s = self.settings.measure.stale_s
@@ -238,8 +311,8 @@ class Measurements:
                 if lvl == level and stale_s < now - cell.measured_at <= 4 * stale_s}
 
     # -- profiles -------------------------------------------------------------
-    def to_list(self, tpot: Callable[[SpecConfig, Cell], float]) -> list[dict]:
-        return [{"level": lvl, "config": c.to_dict(), "tpot_s": tpot(c, cell),
+    def to_list(self, tpot: Callable[[SpecConfig, Cell, int], float]) -> list[dict]:
+        return [{"level": lvl, "config": c.to_dict(), "tpot_s": tpot(c, cell, lvl),
                  "tokens": sum(w[2] for w in cell.windows)}
                 for (lvl, c), cell in sorted(self.cells.items()) if cell.windows]
 
@@ -249,7 +322,7 @@ class Measurements:
         old = now - self.settings.measure.stale_s - 1.0
         for it in items:
             tokens = max(1, int(it["tokens"]))
-            cell = Cell(deque([(old, float(it["tpot_s"]) * tokens, tokens, 0, 0)]))
+            cell = Cell(deque([(old, float(it["tpot_s"]) * tokens, tokens, 0, 0, 0.0, 0, 0)]))
             self.cells[(int(it["level"]), SpecConfig.from_dict(it["config"]))] = cell
 
 
@@ -368,11 +441,19 @@ class MeasuredPolicy:
         self.acceptance.add(w)
         self.level = self._last_level = self.table.add(w, now, self._last_level)
 
-    def tpot(self, config: SpecConfig, cell: Cell) -> float:
-        """The windows' decode TPOT at pooled rather than their own acceptance."""
+    def tpot(self, config: SpecConfig, cell: Cell, level: int) -> float:
+        """The windows' decode TPOT at pooled rather than their own acceptance,
+        and with their prefills' cost at the level's prefill rate rather than
+        at the arrivals the windows caught (``measure.prefill_adjust``)."""
+        if not self.settings.measure.prefill_adjust:
+            decode, per_prompt_token = cell.decode_tpot_s, 0.0
+        else:
+            decode, per_prompt_token = cell.split()
         own = cell.tokens_per_step if config.enabled else None
         pooled = self.acceptance.expected_length(config) if own is not None else None
-        return cell.decode_tpot_s * own / pooled if own is not None and pooled else cell.decode_tpot_s
+        if own is not None and pooled:
+            decode *= own / pooled
+        return decode + per_prompt_token * self.table.prefill_rate(level)
 
     def slo_excess(self, cell: Cell | None) -> float:
         """Measured TTFT quantile over its limit, the worst class (0: unknown).
@@ -406,9 +487,9 @@ class MeasuredPolicy:
         if active not in fresh:
             return Verdict.hold("measuring", f"measuring {active.label()} at load {load:.1f}")
         candidates = [c for c in self.settings.candidates if not banned(c)]
-        tpot = {c: self.tpot(c, cell) for c, cell in fresh.items() if c in candidates or c == active}
+        tpot = {c: self.tpot(c, cell, lvl) for c, cell in fresh.items() if c in candidates or c == active}
         # Stale values still rule configs out, but only fresh ones are chosen.
-        stale = {c: self.tpot(c, cell) for c, cell in self.table.stale(lvl, now).items() if c in candidates}
+        stale = {c: self.tpot(c, cell, lvl) for c, cell in self.table.stale(lvl, now).items() if c in candidates}
         known = {**stale, **tpot}
         limit = min(tpot.values()) * (1.0 + self.settings.measure.refresh_within)
         unmeasured = [c for c in candidates if c not in tpot and stale.get(c, 0.0) <= limit
@@ -504,7 +585,7 @@ class MeasuredPolicy:
         if base is None or self._last_tpot is None or self._last_tpot <= self._ceiling(base[2]):
             return None
         lvl, best, cell = base
-        best_tpot = self.tpot(best, cell)
+        best_tpot = self.tpot(best, cell, lvl)
         # Its window files nothing, so without this the probe would be taken
         # again at the next usable window, and abandoned again.
         self._abandoned[(lvl, active)] = now
@@ -538,7 +619,7 @@ class MeasuredPolicy:
 
     def _at(self, level: int) -> dict[SpecConfig, float]:
         """TPOT of every config measured at ``level``, stale ones included."""
-        return {c: self.tpot(c, x) for (lvl, c), x in self.table.cells.items() if lvl == level and x.windows}
+        return {c: self.tpot(c, x, level) for (lvl, c), x in self.table.cells.items() if lvl == level and x.windows}
 
     def _far_off(self, c: SpecConfig, level: int, stale: dict[SpecConfig, float]) -> bool:
         """Whether a config not measured at ``level`` is left unprobed there.
@@ -579,7 +660,7 @@ class MeasuredPolicy:
         fresh = self.table.fresh(lvl, now)
         if serving in fresh or not fresh:
             return None
-        best = min(fresh, key=lambda c: self.tpot(c, fresh[c]))
+        best = min(fresh, key=lambda c: self.tpot(c, fresh[c], lvl))
         return lvl, best, fresh[best]
 
     def abandon_above(self, serving: SpecConfig, now: float) -> float | None:
@@ -600,7 +681,7 @@ class MeasuredPolicy:
         if self.level is None or self.active is None:
             return None
         cell = self.table.fresh(self.level, now).get(self.active)
-        return None if cell is None else self.plan(self.active, self.level, self.tpot(self.active, cell),
+        return None if cell is None else self.plan(self.active, self.level, self.tpot(self.active, cell, self.level),
                                                    self.slo_excess(cell))
 
     def plan(self, config: SpecConfig, level: int, tpot_s: float | None, excess: float = 0.0) -> Plan:

@@ -4,6 +4,8 @@ keys the measurements. Simulated engine on a fake clock."""
 
 from __future__ import annotations
 
+import pytest
+
 from quickdraft.bench.controller_sim import (
     CPU_COST,
     CROSSING_ACCEPTANCE,
@@ -15,7 +17,7 @@ from quickdraft.bench.controller_sim import (
     SimAcceptance,
     SimulatedEngine,
 )
-from quickdraft.server.config import ControllerSettings, SLOSettings
+from quickdraft.server.config import ControllerSettings, MeasureSettings, SLOSettings
 from quickdraft.server.controller import Controller
 from quickdraft.server.controller.measured import Cell, MeasuredPolicy, Window, binomial_tail, ruled_out
 from quickdraft.server.speculative import SpecConfig
@@ -185,19 +187,63 @@ def test_a_windows_tpot_counts_every_step_and_leaves_out_its_acceptance_luck():
     # Parallel drafting accepts 80% then 50% at positions 1 and 2: E[L] = 1 + 0.8 + 0.4 = 2.2.
     mp.observe(window(p(2), 2.2, 1000, 400, (320, 160)), now=1.0)
     cell = mp.table.get(mp.level, p(2))
-    assert abs(mp.tpot(p(2), cell) - 2.2e-3) < 1e-9
+    assert abs(mp.tpot(p(2), cell, mp.level) - 2.2e-3) < 1e-9
     # A lucky window of another K: its code gave 4 tokens a step, so its 1.5 ms decode
     # TPOT came at 6 ms the step; the pool (which it joins) expects fewer tokens.
     mp.observe(window(p(3), 1.5, 1000, 100, (100, 100, 100)), now=2.0)
     pooled = mp.acceptance.expected_length(p(3))
     assert 2.2 < pooled < 4.0
-    tpot = mp.tpot(p(3), mp.table.get(mp.level, p(3)))
+    tpot = mp.tpot(p(3), mp.table.get(mp.level, p(3)), mp.level)
     assert abs(tpot - 1.5e-3 * 4.0 / pooled) < 1e-9 and tpot > 1.5e-3
     # No speculation has no luck to take out; a window without draft counters stays as measured.
     mp.observe(window(OFF, 4.0, 1000, 0, ()), now=3.0)
-    assert mp.tpot(OFF, mp.table.get(mp.level, OFF)) == 4.0e-3
+    assert mp.tpot(OFF, mp.table.get(mp.level, OFF), mp.level) == 4.0e-3
     mp.observe(window(ar(3), 3.0, 1000, 0, ()), now=4.0)
-    assert mp.tpot(ar(3), mp.table.get(mp.level, ar(3))) == 3.0e-3
+    assert mp.tpot(ar(3), mp.table.get(mp.level, ar(3)), mp.level) == 3.0e-3
+
+
+def _busy_window(cfg: SpecConfig, arrivals: int, decode_step_s: float = 0.010, prefill_extra_s: float = 0.040,
+                 steps: int = 100, running: float = 8.0, prompt: int = 500) -> Window:
+    """A window at 8 streams, no drafts counted: ``steps`` engine steps of
+    ``decode_step_s``, ``arrivals`` of which also prefilled a ``prompt``-token
+    prompt, for ``prefill_extra_s`` more; each stream got a token a step."""
+    busy = steps * decode_step_s + arrivals * prefill_extra_s
+    return Window(cfg, busy, running * busy, int(running * steps), running=running, running_start=8, running_end=8,
+                  steps=steps, busy_seconds=busy, prefill_steps=arrivals,
+                  prefill_step_seconds=arrivals * (decode_step_s + prefill_extra_s), prefill_tokens=arrivals * prompt)
+
+
+def test_a_windows_prefill_cost_is_its_prefill_steps_time_beyond_a_decode_step():
+    w = _busy_window(P5, arrivals=10)
+    assert w.prefill_cost == pytest.approx(8.0 * 10 * 0.040)  # every running stream waits through each
+    assert _busy_window(P5, arrivals=0).prefill_cost == 0.0
+    every = Window(P5, 1.0, 8.0, 800, running=8.0, running_start=8, running_end=8, steps=10, busy_seconds=1.0,
+                   prefill_steps=10, prefill_step_seconds=1.0, prefill_tokens=5000)
+    assert every.prefill_cost is None  # no decode-only step to compare with: not separable
+
+
+def test_each_config_is_charged_its_prefill_cost_at_the_levels_rate_not_its_windows_arrivals():
+    """Two configs with the same decode step, one measured in a window that
+    caught 20 arrivals and the other in one that caught 2: their raw decode
+    TPOTs differ by half, their scores do not. A config whose prefills cost
+    more (e.g. the drafter runs over the prompt) keeps that difference."""
+    mp = MeasuredPolicy(ControllerSettings())
+    mp.observe(_busy_window(ar(3), arrivals=20), now=1.0)
+    mp.observe(_busy_window(ar(5), arrivals=2), now=2.0)
+    mp.observe(_busy_window(OFF, arrivals=11, prefill_extra_s=0.030), now=3.0)
+    lvl = mp.level
+    cells = {c: mp.table.get(lvl, c) for c in (ar(3), ar(5), OFF)}
+    assert cells[ar(3)].decode_tpot_s > 1.5 * cells[ar(5)].decode_tpot_s
+    rate = mp.table.prefill_rate(lvl)
+    assert rate == pytest.approx(33 * 500 / (3 * 800))
+    assert mp.tpot(ar(3), cells[ar(3)], lvl) == pytest.approx(mp.tpot(ar(5), cells[ar(5)], lvl))
+    assert mp.tpot(ar(3), cells[ar(3)], lvl) == pytest.approx(0.010 + rate * 8 * 0.040 / 500)
+    assert mp.tpot(OFF, cells[OFF], lvl) == pytest.approx(0.010 + rate * 8 * 0.030 / 500)
+    # Off: each config is scored by its own windows as they ran.
+    raw = MeasuredPolicy(ControllerSettings(measure=MeasureSettings(prefill_adjust=False)))
+    raw.observe(_busy_window(ar(3), arrivals=20), now=1.0)
+    raw.observe(_busy_window(ar(5), arrivals=2), now=2.0)
+    assert raw.tpot(ar(3), raw.table.get(lvl, ar(3)), lvl) == cells[ar(3)].decode_tpot_s
 
 
 def test_an_acceptance_shift_keeps_the_measurements_and_rescores_them_at_the_new_acceptance():
@@ -360,15 +406,20 @@ def test_the_engine_integrates_running_and_offered_requests_over_its_steps(monke
         now[0] += dt
         logger.record(SimpleNamespace(num_running_reqs=running, num_waiting_reqs=waiting, num_skipped_waiting_reqs=0,
                                       kv_cache_usage=0.1, spec_decoding_stats=None, prefix_cache_stats=None),
-                      SimpleNamespace(num_prompt_tokens=prefilled))
+                      SimpleNamespace(prompt_token_stats=SimpleNamespace(computed=prefilled)))
 
     step(5, 3, 0.0)
     step(5, 3, 1.0)  # 5 running and 8 offered for a second
     step(6, 2, 1.0, prefilled=400)  # one more admitted (its prefill step): still 8 offered
     step(6, 2, 0.5)
-    step(0, 0, 1.0)  # idle
+    step(0, 0, 1.0)  # the last step with requests running
+    step(0, 0, 2.0)  # idle
     assert snapshot.running_seconds == 5 + 5 + 3 + 0
     assert snapshot.in_system_seconds == 8 + 8 + 4 + 0
+    # Steps are timed from the previous one, idle gaps left out; the prefill
+    # step's time and tokens are counted apart.
+    assert snapshot.busy_seconds == 1.0 + 1.0 + 0.5 + 1.0
+    assert (snapshot.prefill_steps, snapshot.prefill_step_seconds, snapshot.prefill_tokens) == (1, 1.0, 400)
 
 
 def test_abandon_above_applies_to_probes_at_a_measured_level_only():
