@@ -289,8 +289,7 @@ class ControllerLoop:
         self._window = _WindowStart(engine, engine.spec, time.monotonic(), time.perf_counter(), snap.running_seconds,
                                     snap.running, meter.decode_seconds, meter.decode_tokens, snap.drafts,
                                     tuple(snap.accepted_per_position), snap.in_system_seconds, snap.running + snap.waiting,
-                                    snap.steps, snap.busy_seconds, snap.prefill_steps, snap.prefill_step_seconds,
-                                    snap.prefill_tokens)
+                                    snap.steps, snap.prefill_tokens)
         if start is None or start.engine is not engine or start.spec != engine.spec or self.engines.building:
             return
         epoch = getattr(engine, "draft_epoch", 0)
@@ -317,10 +316,7 @@ class ControllerLoop:
             engine.spec.at(max(1.0, running)), seconds, meter.decode_seconds - start.decode_seconds, tokens, running,
             start.running, snap.running, first, drafts=snap.drafts - start.drafts, accepted_per_position=accepted,
             offered=offered, offered_start=start.in_system, offered_end=snap.running + snap.waiting,
-            steps=snap.steps - start.steps, busy_seconds=snap.busy_seconds - start.busy_seconds,
-            prefill_steps=snap.prefill_steps - start.prefill_steps,
-            prefill_step_seconds=snap.prefill_step_seconds - start.prefill_step_seconds,
-            prefill_tokens=snap.prefill_tokens - start.prefill_tokens)
+            steps=snap.steps - start.steps, prefill_tokens=snap.prefill_tokens - start.prefill_tokens)
         if learn:
             self.ctl.observe_window(window, now=now)
         if self._observations_out is not None:
@@ -370,7 +366,4 @@ class _WindowStart:
     in_system_seconds: float
     in_system: int
     steps: int
-    busy_seconds: float
-    prefill_steps: int
-    prefill_step_seconds: float
     prefill_tokens: int

@@ -75,17 +75,11 @@ class EngineSnapshot:
     ``prefix_cache_stats.queries``, summed over steps) ..."""
     prefix_cache_hits: int = 0
     """... and those it found cached: their ratio is the prefix-cache hit rate."""
-    busy_seconds: float = 0.0
-    """Time of the steps that followed a step with requests running (each
-    step spans the time since the previous one; idle gaps are left out) ..."""
-    prefill_steps: int = 0
-    prefill_step_seconds: float = 0.0
-    """... of which these steps, and their time, finished some request's
-    prefill: what arrivals cost the streams decoding beside them ..."""
     prefill_tokens: int = 0
-    """... and the prompt tokens those prefills computed (prefix-cache hits
-    left out; vLLM reports a prefill in the step that finishes it). A
-    prefill on an idle engine delays no one and is counted in none of these."""
+    """Prompt tokens prefilled while other requests were running (prefix-cache
+    hits left out; vLLM reports a prefill in the step that finishes it): what
+    arrivals cost the streams decoding beside them grows with it. A prefill
+    on an idle engine delays no one and is not counted."""
 
 
 def _stat_logger_factory(snapshot: EngineSnapshot):
@@ -102,13 +96,9 @@ def _stat_logger_factory(snapshot: EngineSnapshot):
             now = time.monotonic()
             waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
             prefilled = iteration_stats.prompt_token_stats.computed if iteration_stats is not None else 0
+            if snapshot.running:
+                snapshot.prefill_tokens += prefilled
             if snapshot.updated:
-                if snapshot.running:
-                    snapshot.busy_seconds += now - snapshot.updated
-                    if prefilled:
-                        snapshot.prefill_steps += 1
-                        snapshot.prefill_step_seconds += now - snapshot.updated
-                        snapshot.prefill_tokens += prefilled
                 running = min(snapshot.running, scheduler_stats.num_running_reqs)
                 snapshot.running_seconds += running * (now - snapshot.updated)
                 in_system = min(snapshot.running + snapshot.waiting, scheduler_stats.num_running_reqs + waiting)

@@ -442,7 +442,7 @@ def test_windows_are_written_out_also_under_a_pin_which_teaches_the_controller_n
         loop.service.meter.decode_seconds += 1000 * 0.002
         loop.service.meter.decode_tokens += 1000
         snap.running_seconds += 8 * 0.06
-        snap.steps, snap.busy_seconds, snap.prefill_steps, snap.prefill_step_seconds, snap.prefill_tokens = 40, 0.5, 4, 0.1, 2000
+        snap.steps, snap.prefill_tokens = 40, 2000
         await asyncio.sleep(0.06)
         await loop.tick()  # closes it
         assert mp.windows == 0, "a pinned window taught the controller"
@@ -455,7 +455,7 @@ def test_windows_are_written_out_also_under_a_pin_which_teaches_the_controller_n
     windows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [w.get("pinned", False) for w in windows] == [True, False]
     first = Window.from_dict(windows[0]["window"])
-    assert (first.steps, first.prefill_steps, first.prefill_tokens, first.decode_tokens) == (40, 4, 2000, 1000)
+    assert (first.steps, first.prefill_tokens, first.decode_tokens) == (40, 2000, 1000)
     assert first.config == SpecConfig(True, 5)
 
 

@@ -342,13 +342,14 @@ class MeasureSettings:
     best config it measured at the level before. A large value (e.g. 100)
     lets every window run its length."""
     prefill_adjust: bool = True
-    """Charge each config its prefills' cost at the load level's prefill
-    rate (prompt tokens prefilled per decode token, over every config's
-    windows there) instead of at the arrivals its own windows caught. With
-    many streams most steps also prefill someone's prompt: a window that
-    caught more arrivals reads slower, by as much as a third, whichever
-    config served it. The engine's steps say what a prefill step costs
-    beyond a decode-only one. False: each config's raw decode TPOT."""
+    """Score each config at the load level's prefill rate (prompt tokens
+    prefilled per decode token, over every config's windows there) instead
+    of at the arrivals its own windows caught: with many streams, a window
+    that caught more or longer prompts (or fewer prefix-cache hits) reads
+    slower whichever config served it, by up to half. How much one more
+    prompt token per decode token costs is the slope of decode TPOT on
+    prefill rate within each config's windows, pooled over the level's
+    configs. False: each config's decode TPOT as its windows measured it."""
     windows_kept: int = 4
     """Windows kept per (load level, config); its TPOT is their token-weighted mean."""
     levels_per_doubling: int = 2

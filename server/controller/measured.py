@@ -87,14 +87,9 @@ class Window:
     offered_end: int = 0
     """... and at the window's start and end."""
     steps: int = 0
-    """Engine steps in the window ..."""
-    busy_seconds: float = 0.0
-    """... their time (idle gaps left out) ..."""
-    prefill_steps: int = 0
-    prefill_step_seconds: float = 0.0
-    """... of which the steps that finished a prefill, and their time ..."""
+    """Engine steps in the window."""
     prefill_tokens: int = 0
-    """... and the prompt tokens those prefills computed (0 throughout: not counted)."""
+    """Prompt tokens prefilled while other requests ran (0 throughout: not counted)."""
 
     def to_dict(self) -> dict:
         """The window as JSON-ready values (``controller.observations_file``)."""
@@ -114,20 +109,6 @@ class Window:
     def accepted(self) -> int:
         """Draft tokens accepted over the window."""
         return sum(self.accepted_per_position)
-
-    @property
-    def prefill_cost(self) -> float | None:
-        """Stream-seconds the window's prefills cost the streams decoding
-        beside them: the prefill steps' time beyond a decode-only step's, times
-        the requests running. 0 without prefills; None where every step
-        prefilled (no decode-only step to set the difference against)."""
-        if self.prefill_tokens <= 0 or self.prefill_steps <= 0:
-            return 0.0
-        decode_steps = self.steps - self.prefill_steps
-        if decode_steps <= 0:
-            return None
-        step = (self.busy_seconds - self.prefill_step_seconds) / decode_steps
-        return max(0.0, self.running * (self.prefill_step_seconds - self.prefill_steps * step))
 
     @property
     def load(self) -> float:
@@ -152,9 +133,8 @@ class Cell:
     """Measurements of one config at one load level."""
 
     windows: deque = field(default_factory=deque)
-    """(time, decode seconds, decode tokens, drafts, accepted, prefill cost,
-    prompt tokens prefilled beside decoding streams, those of them whose
-    cost was measured), newest last."""
+    """(time, decode seconds, decode tokens, drafts, accepted, prompt tokens
+    prefilled beside decoding streams), newest last."""
     ttft: dict[str, deque] = field(default_factory=dict)
     """Recent TTFTs per latency class."""
 
@@ -163,9 +143,7 @@ class Cell:
         again is measured afresh, not averaged with what no longer counts."""
         while self.windows and self.windows[0][0] < stale_before:
             self.windows.popleft()
-        cost = w.prefill_cost
-        self.windows.append((now, w.decode_seconds, w.decode_tokens, w.drafts, w.accepted,
-                             cost or 0.0, w.prefill_tokens, w.prefill_tokens if cost is not None else 0))
+        self.windows.append((now, w.decode_seconds, w.decode_tokens, w.drafts, w.accepted, w.prefill_tokens))
         while len(self.windows) > keep:
             self.windows.popleft()
         for cls, t in w.first_tokens:
@@ -177,18 +155,22 @@ class Cell:
         return sum(w[1] for w in self.windows) / max(1, sum(w[2] for w in self.windows))
 
     @property
-    def prefill_tokens(self) -> tuple[int, int]:
-        """(prompt tokens prefilled beside decoding streams, decode tokens) over the windows."""
-        return sum(w[6] for w in self.windows), sum(w[2] for w in self.windows)
+    def prefill_rate(self) -> float:
+        """Prompt tokens prefilled beside decoding streams per decode token, over the windows."""
+        return sum(w[5] for w in self.windows) / max(1, sum(w[2] for w in self.windows))
 
-    def split(self) -> tuple[float, float]:
-        """(decode TPOT without the prefills' cost, that cost per prompt token
-        prefilled): the config's own step time, and what an arrival costs
-        the streams decoding beside it in this config."""
-        tokens = max(1, sum(w[2] for w in self.windows))
-        cost = sum(w[5] for w in self.windows)
-        measured = sum(w[7] for w in self.windows)
-        return (sum(w[1] for w in self.windows) - cost) / tokens, cost / measured if measured else 0.0
+    def prefill_moments(self) -> tuple[float, float, float]:
+        """Token-weighted (sum of q·t, sum of q², degrees of freedom) of the
+        windows' decode TPOT t against their prefill rate q, each about the
+        cell's mean: one cell's share of a level's pooled slope."""
+        ws = [(w[5] / w[2], w[1] / w[2], w[2]) for w in self.windows if w[2] > 0]
+        total = sum(n for _q, _t, n in ws)
+        if len(ws) < 2 or not total:
+            return 0.0, 0.0, 0.0
+        qm = sum(q * n for q, _t, n in ws) / total
+        tm = sum(t * n for _q, t, n in ws) / total
+        return (sum(n * (q - qm) * (t - tm) for q, t, n in ws), sum(n * (q - qm) ** 2 for q, _t, n in ws),
+                float(len(ws) - 1))
 
     @property
     def tokens_per_step(self) -> float | None:
@@ -197,15 +179,15 @@ class Cell:
         drafts = sum(w[3] for w in self.windows)
         return 1.0 + sum(w[4] for w in self.windows) / drafts if drafts else None
 
-    def log_deviations(self, prefill_rate: float = 0.0) -> tuple[float, int]:
+    def log_deviations(self, slope: float = 0.0, rate: float = 0.0) -> tuple[float, int]:
         """(sum of squared deviations of the windows' log decode TPOT from
         their mean, degrees of freedom): one cell's share of a level's spread.
-        Each window's own acceptance and arrivals are taken out (its decode
-        part times its tokens per step, plus the cell's prefill cost at
-        ``prefill_rate``), as ``MeasuredPolicy.tpot`` takes them out of the cell's mean."""
-        per_token = self.split()[1] * prefill_rate
-        xs = [math.log((w[1] - w[5]) / w[2] * (1.0 + w[4] / w[3] if w[3] else 1.0) + per_token)
-              for w in self.windows if w[1] - w[5] > 0 and w[2] > 0]
+        Each window's own acceptance is taken out (TPOT times its tokens per
+        step) and its arrivals (``slope`` times its prefill rate's distance
+        from ``rate``), as ``MeasuredPolicy.tpot`` takes them out of the cell's mean."""
+        xs = [w[1] / w[2] * (1.0 + w[4] / w[3] if w[3] else 1.0) + slope * (rate - w[5] / w[2])
+              for w in self.windows if w[1] > 0 and w[2] > 0]
+        xs = [math.log(x) for x in xs if x > 0]
         if len(xs) < 2:
             return 0.0, 0
         mean = sum(xs) / len(xs)
@@ -277,27 +259,44 @@ class Measurements:
         pooled over its configs (the load's own noise: prompts arriving,
         requests finishing); None before two windows of one config."""
         ss, df = 0.0, 0
-        rate = self.prefill_rate(level)
+        slope, rate = self.prefill_slope(level), self.prefill_rate(level)
         for (lvl, _c), cell in self.cells.items():
             if lvl == level:
-                s, d = cell.log_deviations(rate)
+                s, d = cell.log_deviations(slope, rate)
                 ss, df = ss + s, df + d
         return math.sqrt(ss / df) if df else None
+
+    MIN_SLOPE_DF = 4
+    """Degrees of freedom (windows beyond each cell's first, over the level's
+    cells) before a level's prefill slope counts."""
 
     def prefill_rate(self, level: int) -> float:
         """Prompt tokens prefilled beside decoding streams per decode token,
         over every window at ``level``, whichever config served it: the
         workload's, not a config's (prompts over completions, less what the
-        prefix cache holds), so each config is charged its prefill cost at
-        this one rate rather than at the arrivals its own windows happened to catch."""
-        if not self.settings.measure.prefill_adjust:
-            return 0.0
+        prefix cache holds)."""
         prefilled = decoded = 0
         for (lvl, _c), cell in self.cells.items():
             if lvl == level:
-                p, d = cell.prefill_tokens
-                prefilled, decoded = prefilled + p, decoded + d
+                prefilled += sum(w[5] for w in cell.windows)
+                decoded += sum(w[2] for w in cell.windows)
         return prefilled / decoded if decoded else 0.0
+
+    def prefill_slope(self, level: int) -> float:
+        """What one more prompt token prefilled per decode token adds to a
+        window's decode TPOT at ``level``: the slope of TPOT on prefill rate
+        within each config's windows, pooled over the level's configs (a
+        config's own windows are too few for a slope of its own). 0 while
+        ``measure.prefill_adjust`` is off, before ``MIN_SLOPE_DF`` windows
+        say anything, or where the windows say it costs nothing."""
+        if not self.settings.measure.prefill_adjust:
+            return 0.0
+        sxy = sxx = df = 0.0
+        for (lvl, _c), cell in self.cells.items():
+            if lvl == level:
+                xy, xx, d = cell.prefill_moments()
+                sxy, sxx, df = sxy + xy, sxx + xx, df + d
+        return max(0.0, sxy / sxx) if df >= self.MIN_SLOPE_DF and sxx > 0 else 0.0
 
     def fresh(self, level: int, now: float) -> dict[SpecConfig, Cell]:
         stale_s = self.settings.measure.stale_s
@@ -322,7 +321,7 @@ class Measurements:
         old = now - self.settings.measure.stale_s - 1.0
         for it in items:
             tokens = max(1, int(it["tokens"]))
-            cell = Cell(deque([(old, float(it["tpot_s"]) * tokens, tokens, 0, 0, 0.0, 0, 0)]))
+            cell = Cell(deque([(old, float(it["tpot_s"]) * tokens, tokens, 0, 0, 0)]))
             self.cells[(int(it["level"]), SpecConfig.from_dict(it["config"]))] = cell
 
 
@@ -443,17 +442,13 @@ class MeasuredPolicy:
 
     def tpot(self, config: SpecConfig, cell: Cell, level: int) -> float:
         """The windows' decode TPOT at pooled rather than their own acceptance,
-        and with their prefills' cost at the level's prefill rate rather than
-        at the arrivals the windows caught (``measure.prefill_adjust``)."""
-        if not self.settings.measure.prefill_adjust:
-            decode, per_prompt_token = cell.decode_tpot_s, 0.0
-        else:
-            decode, per_prompt_token = cell.split()
+        and at the level's prefill rate rather than the arrivals the windows
+        caught (``measure.prefill_adjust``)."""
         own = cell.tokens_per_step if config.enabled else None
         pooled = self.acceptance.expected_length(config) if own is not None else None
-        if own is not None and pooled:
-            decode *= own / pooled
-        return decode + per_prompt_token * self.table.prefill_rate(level)
+        tpot = cell.decode_tpot_s * own / pooled if own is not None and pooled else cell.decode_tpot_s
+        slope = self.table.prefill_slope(level)
+        return tpot + slope * (self.table.prefill_rate(level) - cell.prefill_rate) if slope else tpot
 
     def slo_excess(self, cell: Cell | None) -> float:
         """Measured TTFT quantile over its limit, the worst class (0: unknown).

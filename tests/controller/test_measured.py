@@ -202,48 +202,47 @@ def test_a_windows_tpot_counts_every_step_and_leaves_out_its_acceptance_luck():
     assert mp.tpot(ar(3), mp.table.get(mp.level, ar(3)), mp.level) == 3.0e-3
 
 
-def _busy_window(cfg: SpecConfig, arrivals: int, decode_step_s: float = 0.010, prefill_extra_s: float = 0.040,
-                 steps: int = 100, running: float = 8.0, prompt: int = 500) -> Window:
-    """A window at 8 streams, no drafts counted: ``steps`` engine steps of
-    ``decode_step_s``, ``arrivals`` of which also prefilled a ``prompt``-token
-    prompt, for ``prefill_extra_s`` more; each stream got a token a step."""
-    busy = steps * decode_step_s + arrivals * prefill_extra_s
-    return Window(cfg, busy, running * busy, int(running * steps), running=running, running_start=8, running_end=8,
-                  steps=steps, busy_seconds=busy, prefill_steps=arrivals,
-                  prefill_step_seconds=arrivals * (decode_step_s + prefill_extra_s), prefill_tokens=arrivals * prompt)
+def _busy_window(cfg: SpecConfig, prefilled: int, tpot_s: float, tokens: int = 800) -> Window:
+    """A window at 8 streams, no drafts counted, that prefilled ``prefilled``
+    prompt tokens beside the streams and decoded ``tokens`` at ``tpot_s``."""
+    return Window(cfg, 1.0, tokens * tpot_s, tokens, running=8.0, running_start=8, running_end=8,
+                  steps=100, prefill_tokens=prefilled)
 
 
-def test_a_windows_prefill_cost_is_its_prefill_steps_time_beyond_a_decode_step():
-    w = _busy_window(P5, arrivals=10)
-    assert w.prefill_cost == pytest.approx(8.0 * 10 * 0.040)  # every running stream waits through each
-    assert _busy_window(P5, arrivals=0).prefill_cost == 0.0
-    every = Window(P5, 1.0, 8.0, 800, running=8.0, running_start=8, running_end=8, steps=10, busy_seconds=1.0,
-                   prefill_steps=10, prefill_step_seconds=1.0, prefill_tokens=5000)
-    assert every.prefill_cost is None  # no decode-only step to compare with: not separable
-
-
-def test_each_config_is_charged_its_prefill_cost_at_the_levels_rate_not_its_windows_arrivals():
-    """Two configs with the same decode step, one measured in a window that
-    caught 20 arrivals and the other in one that caught 2: their raw decode
-    TPOTs differ by half, their scores do not. A config whose prefills cost
-    more (e.g. the drafter runs over the prompt) keeps that difference."""
+def test_each_config_is_scored_at_the_levels_prefill_rate_not_its_windows_arrivals():
+    """Decode TPOT grows with the prompt tokens a window prefilled beside
+    the streams (1 ms per prompt token per decode token here, in every
+    config). ar3 (10 ms + prefill) caught many arrivals, ar5 (11 ms +
+    prefill) few: raw, ar5 reads faster; at the level's prefill rate, ar3
+    is. Before enough windows say what a prompt token costs, nothing is adjusted."""
     mp = MeasuredPolicy(ControllerSettings())
-    mp.observe(_busy_window(ar(3), arrivals=20), now=1.0)
-    mp.observe(_busy_window(ar(5), arrivals=2), now=2.0)
-    mp.observe(_busy_window(OFF, arrivals=11, prefill_extra_s=0.030), now=3.0)
+    t = 0.0
+
+    def observe(cfg: SpecConfig, base_s: float, rates: list[float]) -> None:
+        nonlocal t
+        for q in rates:
+            t += 1.0
+            mp.observe(_busy_window(cfg, int(q * 800), base_s + 0.001 * q), now=t)
+
+    observe(ar(3), 0.010, [8.0, 10.0])
+    observe(ar(5), 0.011, [1.0, 3.0])
     lvl = mp.level
-    cells = {c: mp.table.get(lvl, c) for c in (ar(3), ar(5), OFF)}
-    assert cells[ar(3)].decode_tpot_s > 1.5 * cells[ar(5)].decode_tpot_s
+    cells = {c: mp.table.get(lvl, c) for c in (ar(3), ar(5))}
+    assert mp.table.prefill_slope(lvl) == 0.0, "two windows each: too few to say what a prompt token costs"
+    assert mp.tpot(ar(3), cells[ar(3)], lvl) > mp.tpot(ar(5), cells[ar(5)], lvl)
+    observe(ar(3), 0.010, [9.0, 11.0])
+    observe(ar(5), 0.011, [2.0, 0.0])
+    assert mp.table.prefill_slope(lvl) == pytest.approx(0.001)
     rate = mp.table.prefill_rate(lvl)
-    assert rate == pytest.approx(33 * 500 / (3 * 800))
-    assert mp.tpot(ar(3), cells[ar(3)], lvl) == pytest.approx(mp.tpot(ar(5), cells[ar(5)], lvl))
-    assert mp.tpot(ar(3), cells[ar(3)], lvl) == pytest.approx(0.010 + rate * 8 * 0.040 / 500)
-    assert mp.tpot(OFF, cells[OFF], lvl) == pytest.approx(0.010 + rate * 8 * 0.030 / 500)
-    # Off: each config is scored by its own windows as they ran.
+    assert rate == pytest.approx(44.0 / 8)
+    assert cells[ar(3)].decode_tpot_s > cells[ar(5)].decode_tpot_s + 0.005
+    assert mp.tpot(ar(3), cells[ar(3)], lvl) == pytest.approx(0.010 + 0.001 * rate)
+    assert mp.tpot(ar(5), cells[ar(5)], lvl) == pytest.approx(0.011 + 0.001 * rate)
+    # Off: each config as its windows measured it.
     raw = MeasuredPolicy(ControllerSettings(measure=MeasureSettings(prefill_adjust=False)))
-    raw.observe(_busy_window(ar(3), arrivals=20), now=1.0)
-    raw.observe(_busy_window(ar(5), arrivals=2), now=2.0)
-    assert raw.tpot(ar(3), raw.table.get(lvl, ar(3)), lvl) == cells[ar(3)].decode_tpot_s
+    raw.table, raw.acceptance = mp.table, mp.acceptance
+    raw.table.settings = raw.settings
+    assert raw.tpot(ar(3), cells[ar(3)], lvl) == cells[ar(3)].decode_tpot_s
 
 
 def test_an_acceptance_shift_keeps_the_measurements_and_rescores_them_at_the_new_acceptance():
@@ -408,6 +407,7 @@ def test_the_engine_integrates_running_and_offered_requests_over_its_steps(monke
                                       kv_cache_usage=0.1, spec_decoding_stats=None, prefix_cache_stats=None),
                       SimpleNamespace(prompt_token_stats=SimpleNamespace(computed=prefilled)))
 
+    step(0, 1, 0.0, prefilled=300)  # a prefill on an idle engine delays no one
     step(5, 3, 0.0)
     step(5, 3, 1.0)  # 5 running and 8 offered for a second
     step(6, 2, 1.0, prefilled=400)  # one more admitted (its prefill step): still 8 offered
@@ -416,10 +416,7 @@ def test_the_engine_integrates_running_and_offered_requests_over_its_steps(monke
     step(0, 0, 2.0)  # idle
     assert snapshot.running_seconds == 5 + 5 + 3 + 0
     assert snapshot.in_system_seconds == 8 + 8 + 4 + 0
-    # Steps are timed from the previous one, idle gaps left out; the prefill
-    # step's time and tokens are counted apart.
-    assert snapshot.busy_seconds == 1.0 + 1.0 + 0.5 + 1.0
-    assert (snapshot.prefill_steps, snapshot.prefill_step_seconds, snapshot.prefill_tokens) == (1, 1.0, 400)
+    assert snapshot.prefill_tokens == 400  # prefilled beside 5 running requests
 
 
 def test_abandon_above_applies_to_probes_at_a_measured_level_only():
