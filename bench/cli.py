@@ -9,6 +9,7 @@
     quickdraft bench live-switch (= python -m quickdraft.bench.live_switch)
     quickdraft bench typing (= python -m quickdraft.bench.typing_session)
     quickdraft bench replicas (= python -m quickdraft.bench.replicas)
+    quickdraft bench windows OBSERVATIONS.jsonl (offline: how well measurement windows rank configs)
 
 ``quickdraft/cli.py`` calls ``add_subparsers`` when this module imports.
 """
@@ -296,6 +297,13 @@ def add_subparsers(subparsers) -> None:
                        description=replicas.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     replicas.add_arguments(p)
     p.set_defaults(func=replicas.run)
+
+    from quickdraft.bench import windows
+
+    p = sub.add_parser("windows", help="how well the controller's measurement windows rank configs, raw and prefill-adjusted (offline)",
+                       description=windows.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    windows.add_arguments(p)
+    p.set_defaults(func=windows.run)
 
     p = sub.add_parser("live-switch", help="live speculative switching on one engine: switch latency, and TPOT against engines built per setting",
                        description=live_switch.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -101,6 +101,10 @@ class Window:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Window":
+        """The inverse of ``to_dict``; keys it does not know (an older or newer
+        server's) are left out."""
+        names = {f.name for f in fields(cls)}
+        d = {k: v for k, v in d.items() if k in names}
         return cls(**{**d, "config": SpecConfig.from_dict(d["config"]),
                       "first_tokens": tuple(tuple(x) for x in d.get("first_tokens", ())),
                       "accepted_per_position": tuple(d.get("accepted_per_position", ()))})
@@ -228,11 +232,14 @@ class Measurements:
         return self.settings.measure.levels_per_doubling * math.log2(max(1.0, load))
 
     def level(self, load: float, previous: int | None = None) -> int:
-        """The level of ``load`` requests; a load near the edge of the
-        ``previous`` level's band stays in it (a closed loop of 8 streams can
-        average 6.7 running, right on the edge between 5.7 and 8)."""
+        """The level of ``load`` requests; a load that has not reached the
+        middle of another level stays in the ``previous`` one. A closed loop
+        of 8 streams offers 6 to 7.4 requests (between a stream's requests
+        none is out), right on the edge between 5.7 and 8: with a narrower
+        band one window past the edge moved the level and every config was
+        measured again there."""
         pos = self.position(load)
-        if previous is not None and abs(pos - previous) < 0.75:
+        if previous is not None and abs(pos - previous) < 1.0:
             return previous
         return round(pos)
 

@@ -286,6 +286,18 @@ def test_the_same_streams_are_one_level_whatever_each_config_keeps_running():
     assert Window(P5, 1.0, 1.0, 10, running=3.0, running_start=3, running_end=3).load == 3.0
 
 
+def test_a_closed_loop_of_8_streams_stays_at_one_level():
+    """Offered loads of the windows of one 8-stream phase on the H100 (6.0 to
+    7.4: between a stream's requests none is out); the level they start at
+    holds them all, and a real change of load still moves it."""
+    table = MeasuredPolicy(ControllerSettings()).table
+    loads = [6.60, 6.71, 6.37, 7.27, 6.02, 7.42, 6.68, 6.37, 6.79, 5.93]
+    level = table.level(loads[0])
+    assert {table.level(x, level) for x in loads} == {level}
+    assert table.level(4.0, level) != level and table.level(1.0, level) != level
+    assert table.level(11.3, level) != level
+
+
 def test_a_config_that_misses_the_ttft_slo_is_left_for_one_that_meets_it():
     settings = ControllerSettings(slo=SLOSettings(ttft_s={"inline": 0.3}, min_samples=4))
     mp = MeasuredPolicy(settings)
