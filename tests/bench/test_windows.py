@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from quickdraft.bench.windows import analyse, load_windows, report, run
+from quickdraft.bench.windows import analyse, load_reference, load_windows, report, run
 from quickdraft.server.controller.measured import Window
 from quickdraft.server.speculative import SpecConfig
 
@@ -39,6 +39,30 @@ def test_the_prefill_slope_takes_the_arrivals_out_of_the_windows_and_the_picks()
     assert "| 3 |" in report(result)
 
 
+def test_the_reference_can_be_the_statics_settled_tpot_of_a_phases_run(tmp_path):
+    """Against a phases run's statics (what the controller is judged by), not
+    the windows' own means; configs the run did not measure are left out."""
+    doc = {"benchmark": "controller_phases", "runs": [
+        {"label": "ar3", "mode": "autoregressive", "k": 3, "phases": [
+            {"concurrency": 1, "settled": {"tpot_ms_token_weighted": 4.0}},
+            {"concurrency": 8, "settled": {"tpot_ms_token_weighted": 12.0}},
+            {"concurrency": 1, "settled": {"tpot_ms_token_weighted": 5.0}}]},
+        {"label": "ar5", "mode": "autoregressive", "k": 5, "phases": [
+            {"concurrency": 8, "settled": {"tpot_ms_token_weighted": 11.0}}]},
+        {"label": "controller", "mode": "controller", "k": None, "phases": [
+            {"concurrency": 8, "settled": {"tpot_ms_token_weighted": 1.0}}]}]}
+    path = tmp_path / "phases.json"
+    path.write_text(json.dumps(doc))
+    statics = load_reference(path)
+    assert statics == {FAST: {1: pytest.approx(0.0045), 8: pytest.approx(0.012)}, SLOW: {8: pytest.approx(0.011)}}
+    (level,) = analyse(both() + [window(SpecConfig(True, 7), 0.005, 1.0)] * 3, draws=[3], rounds=50, statics=statics)["levels"]
+    assert level["best"] == SLOW.label() and level["reference"] == "settled TPOT at 8 streams"
+    assert [c["config"] for c in level["configs"]] == [SLOW.label(), FAST.label()]
+    with pytest.raises(ValueError, match="not a phases.json"):
+        path.write_text("{}")
+        load_reference(path)
+
+
 def test_it_reads_observation_files_and_names_a_bad_line(tmp_path, capsys):
     path = tmp_path / "obs.jsonl"
     lines = [json.dumps({"t": 1.0, "window": w.to_dict(), **({"pinned": True} if i % 2 else {})}) for i, w in enumerate(both())]
@@ -49,6 +73,7 @@ def test_it_reads_observation_files_and_names_a_bad_line(tmp_path, capsys):
 
     class Args:
         files, pinned_only, min_load, windows, rounds, seed, json = [path], False, 0.0, "2", 50, 0, tmp_path / "out.json"
+        reference = None
 
     assert run(Args()) == 0
     assert json.loads((tmp_path / "out.json").read_text())["usable"] == 20
