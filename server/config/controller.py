@@ -346,7 +346,8 @@ class MeasureSettings:
     prefilled per decode token, over every config's windows there) instead
     of at the arrivals its own windows caught: with many streams, a window
     that caught more or longer prompts (or fewer prefix-cache hits) reads
-    slower whichever config served it, by up to half. How much one more
+    slower whichever config served it (at 8 streams, up to twice as slow:
+    docs/benchmarks.md, `quickdraft bench windows`). How much one more
     prompt token per decode token costs is the slope of decode TPOT on
     prefill rate within each config's windows, pooled over the level's
     configs. False: each config's decode TPOT as its windows measured it."""
