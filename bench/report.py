@@ -3,6 +3,7 @@ results become markdown tables and PNG plots."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -86,6 +87,13 @@ def header() -> dict:
         "machine": machine(),
         "versions": versions(),
     }
+
+
+def read_bytes(path: Path) -> bytes:
+    """A file's bytes, gunzipped where it is gzipped (the results archive keeps
+    its JSON and JSON-lines files that way)."""
+    raw = Path(path).read_bytes()
+    return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
 
 
 def write_json(path: Path, doc: dict) -> None:

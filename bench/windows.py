@@ -29,7 +29,6 @@ discarded (unstable) are left out, as the controller leaves them out.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import random
@@ -39,6 +38,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from quickdraft.bench.phases.timeline import STATIC_MODES
+from quickdraft.bench.report import read_bytes
 from quickdraft.server.config import ControllerSettings, MeasureSettings
 from quickdraft.server.controller.measured import MeasuredPolicy, Window
 from quickdraft.server.speculative import SpecConfig
@@ -47,9 +47,7 @@ from quickdraft.server.speculative import SpecConfig
 def load_windows(paths: list[Path], pinned_only: bool = False) -> list[Window]:
     out = []
     for path in paths:
-        raw = Path(path).read_bytes()
-        text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
-        for n, line in enumerate(text.splitlines(), 1):
+        for n, line in enumerate(read_bytes(path).decode().splitlines(), 1):
             try:
                 d = json.loads(line)
             except json.JSONDecodeError as e:
@@ -61,8 +59,7 @@ def load_windows(paths: list[Path], pinned_only: bool = False) -> list[Window]:
 
 def load_reference(path: Path) -> dict[SpecConfig, dict[int, float]]:
     """Static configs' settled TPOT (s) per concurrency from a ``bench phases`` phases.json."""
-    raw = Path(path).read_bytes()
-    doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    doc = json.loads(read_bytes(path))
     if doc.get("benchmark") != "controller_phases":
         raise ValueError(f"--reference {path}: not a phases.json of quickdraft bench phases")
     out: dict[SpecConfig, dict[int, list[float]]] = {}
@@ -98,22 +95,21 @@ def _log_spread(xs: list[float]) -> float:
 
 def analyse(windows: list[Window], draws: list[int], rounds: int, min_load: float = 0.0, seed: int = 0,
             statics: dict[SpecConfig, dict[int, float]] | None = None) -> dict:
-    settings = ControllerSettings()
-    mp = _policy([], adjust=True)
+    table = _policy([], adjust=True).table
     usable = [w for w in windows if w.decode_tokens > 0 and w.running > 0
-              and w.stable(settings.measure.stable_ratio) and w.load >= min_load]
+              and w.stable(table.settings.measure.stable_ratio) and w.load >= min_load]
     by_level: dict[int, dict[SpecConfig, list[Window]]] = defaultdict(lambda: defaultdict(list))
     for w in usable:
-        by_level[mp.table.level(w.load)][w.config].append(w)
+        by_level[table.level(w.load)][w.config].append(w)
     rng = random.Random(seed)
     levels = []
     for lvl, per in sorted(by_level.items()):
         per = {c: ws for c, ws in per.items() if len(ws) >= 3}
         if len(per) < 2:
             continue
-        load = mp.table.load_of(lvl)
-        source = "all windows"
-        reference = {c: sum(w.decode_seconds for w in ws) / sum(w.decode_tokens for w in ws) for c, ws in per.items()}
+        load = table.load_of(lvl)
+        means = {c: sum(w.decode_seconds for w in ws) / sum(w.decode_tokens for w in ws) for c, ws in per.items()}
+        reference, source = means, "all windows"
         if statics:
             streams = min({n for fig in statics.values() for n in fig}, key=lambda n: abs(math.log(n / load)))
             per = {c: ws for c, ws in per.items() if streams in statics.get(c, {})}
@@ -130,7 +126,7 @@ def analyse(windows: list[Window], draws: list[int], rounds: int, min_load: floa
             raw = [w.decode_seconds / w.decode_tokens for w in ws]
             adjusted = [t + slope * (rate - w.prefill_tokens / w.decode_tokens) for t, w in zip(raw, ws)]
             configs.append({"config": c.label(), "windows": len(ws), "tpot_ms": reference[c] * 1e3,
-                            "windows_tpot_ms": sum(w.decode_seconds for w in ws) / sum(w.decode_tokens for w in ws) * 1e3,
+                            "windows_tpot_ms": means[c] * 1e3,
                             "spread_raw": _log_spread(raw), "spread_adjusted": _log_spread(adjusted)})
         picks = []
         for m in draws:

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from quickdraft.bench.phases.timeline import STATIC_MODES, PhasesSpec
+from quickdraft.bench.report import read_bytes
 from quickdraft.bench.workload import WorkloadSpec
 
 FIGURE_KEYS = ("mode", "concurrency", "wall_s", "requests", "completed", "cancelled", "failed", "failures", "ttft_ms", "tpot_ms",
@@ -20,8 +21,7 @@ def load_statics(path: Path, spec: PhasesSpec, wspec: WorkloadSpec | None = None
     for the whole phase and its settled part), either gzipped as the results
     archive keeps them. (runs, notes)."""
     try:
-        raw = Path(path).read_bytes()
-        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        doc = json.loads(read_bytes(path))
     except (OSError, EOFError, gzip.BadGzipFile, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"--statics-from {path}: cannot read it ({e})") from None
     notes = []
